@@ -1,0 +1,37 @@
+# The two commands of the README: `make demo` and `make test`. Works on a fresh Linux machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# torch is pinned here so pip never resolves an unpinned (multi-GB CUDA) build; GPU users override it.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: venv install install-test demo test test-fast lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test,rich]"
+	touch $@
+
+venv install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/accelerando launch --cpu --num_processes 2 examples/demo_train.py --output_dir demo_output
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q tests/unit
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/mypy
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/loop_overhead.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info demo_output

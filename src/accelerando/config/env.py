@@ -1,0 +1,147 @@
+"""The one place that reads and writes environment variables.
+
+The launcher hands settings to the processes it starts through `ACCELERANDO_*` variables; each
+name is also accepted with the `ACCELERATE_` prefix so existing cluster scripts keep working.
+Everything else in the library asks this module, never `os.environ`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+PREFIX = "ACCELERANDO_"
+ALIAS_PREFIX = "ACCELERATE_"
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f", ""}
+
+
+def snapshot() -> dict[str, str]:
+    """A copy of the process environment, for pure functions (cluster detection, config resolution)."""
+    return dict(os.environ)
+
+
+def lookup(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Value of `ACCELERANDO_<name>`, else `ACCELERATE_<name>`, else None."""
+    env = os.environ if env is None else env
+    for key in (PREFIX + name, ALIAS_PREFIX + name):
+        if key in env:
+            return env[key]
+    return None
+
+
+def raw(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Value of an un-prefixed variable (RANK, FSDP_VERSION, SLURM_PROCID, ...)."""
+    env = os.environ if env is None else env
+    return env.get(name)
+
+
+def parse_bool(value: str, name: str) -> bool:
+    low = value.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name}={value!r} is not a boolean; use one of 1/0, true/false, yes/no")
+
+
+def flag(name: str, default: bool = False, env: Mapping[str, str] | None = None) -> bool:
+    value = lookup(name, env)
+    return default if value is None else parse_bool(value, PREFIX + name)
+
+
+def integer(name: str, default: int | None = None, env: Mapping[str, str] | None = None) -> int | None:
+    value = lookup(name, env)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {PREFIX + name}={value!r} is not an integer") from None
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """What a launcher (ours or Accelerate's) asked of this process."""
+
+    use_cpu: bool = False
+    mixed_precision: str | None = None
+    gradient_accumulation_steps: int | None = None
+    dynamo_backend: str | None = None
+    dynamo_mode: str | None = None
+    dynamo_fullgraph: bool | None = None
+    dynamo_dynamic: bool | None = None
+    dynamo_regional: bool | None = None
+    use_fsdp: bool = False
+    use_deepspeed: bool = False
+    torch_device: str | None = None
+    debug_mode: bool = False
+    enable_rich: bool = False
+    log_level: str | None = None
+    fork_launched: bool = False
+
+
+def _optional_flag(name: str, env: Mapping[str, str]) -> bool | None:
+    value = lookup(name, env)
+    return None if value is None else parse_bool(value, PREFIX + name)
+
+
+def read_settings(env: Mapping[str, str] | None = None) -> EnvSettings:
+    """Parse the launcher contract once; bad values fail here with the variable's name."""
+    env = os.environ if env is None else env
+    return EnvSettings(
+        use_cpu=flag("USE_CPU", env=env),
+        mixed_precision=lookup("MIXED_PRECISION", env) or None,
+        gradient_accumulation_steps=integer("GRADIENT_ACCUMULATION_STEPS", env=env),
+        dynamo_backend=lookup("DYNAMO_BACKEND", env) or None,
+        dynamo_mode=lookup("DYNAMO_MODE", env) or None,
+        dynamo_fullgraph=_optional_flag("DYNAMO_USE_FULLGRAPH", env),
+        dynamo_dynamic=_optional_flag("DYNAMO_USE_DYNAMIC", env),
+        dynamo_regional=_optional_flag("DYNAMO_USE_REGIONAL_COMPILATION", env),
+        use_fsdp=flag("USE_FSDP", env=env),
+        use_deepspeed=flag("USE_DEEPSPEED", env=env),
+        torch_device=lookup("TORCH_DEVICE", env) or None,
+        debug_mode=flag("DEBUG_MODE", env=env),
+        enable_rich=flag("ENABLE_RICH", env=env),
+        log_level=lookup("LOG_LEVEL", env) or None,
+        fork_launched=parse_bool(env.get("FORK_LAUNCHED", "0"), "FORK_LAUNCHED"),
+    )
+
+
+def export(values: Mapping[str, str], target: MutableMapping[str, str] | None = None) -> None:
+    """Write variables (for child processes started by a launcher)."""
+    target = os.environ if target is None else target
+    for key, value in values.items():
+        target[key] = str(value)
+
+
+@contextmanager
+def patch_environment(**values: object) -> Iterator[None]:
+    """Temporarily set variables (upper-cased names), restoring the previous values on exit."""
+    saved: dict[str, str | None] = {}
+    for key, value in values.items():
+        name = key.upper()
+        saved[name] = os.environ.get(name)
+        os.environ[name] = str(value)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+@contextmanager
+def clear_environment() -> Iterator[None]:
+    """Run a block with an empty environment, restoring it afterwards."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
