@@ -1,3 +1,51 @@
 """accelerando: one PyTorch script on CPU, GPUs, many machines; Accelerate's API, a smaller inside."""
 
 __version__ = "0.1.0"
+
+from accelerando.accelerator import Accelerator
+from accelerando.config.options import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+    ProjectConfiguration,
+)
+from accelerando.state import PartialState
+from accelerando.utils.imports import is_rich_available
+from accelerando.utils.memory import find_executable_batch_size
+from accelerando.utils.random import synchronize_rng_states
+
+
+def _install_rich_tracebacks() -> None:
+    from accelerando.config import env
+
+    if env.flag("ENABLE_RICH") and is_rich_available():
+        from rich.traceback import install
+
+        install(show_locals=False)
+
+
+_install_rich_tracebacks()
+
+__all__ = [
+    "Accelerator",
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
+    "PartialState",
+    "ProfileKwargs",
+    "ProjectConfiguration",
+    "find_executable_batch_size",
+    "is_rich_available",
+    "synchronize_rng_states",
+]

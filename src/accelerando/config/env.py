@@ -44,7 +44,9 @@ def parse_bool(value: str, name: str) -> bool:
         return True
     if low in _FALSE:
         return False
-    raise ValueError(f"environment variable {name}={value!r} is not a boolean; use one of 1/0, true/false, yes/no")
+    raise ValueError(
+        f"environment variable {name}={value!r} is not a boolean; use one of 1/0, true/false, yes/no"
+    )
 
 
 def flag(name: str, default: bool = False, env: Mapping[str, str] | None = None) -> bool:
@@ -145,3 +147,73 @@ def clear_environment() -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+# --- launcher side (owned by the launcher issue): what `accelerando launch` reads and writes ---
+
+# Variable that hides devices from a process, per device kind (`--gpu_ids`).
+VISIBLE_DEVICES = {
+    "cuda": "CUDA_VISIBLE_DEVICES",
+    "xpu": "ZE_AFFINITY_MASK",
+    "npu": "ASCEND_RT_VISIBLE_DEVICES",
+    "mlu": "MLU_VISIBLE_DEVICES",
+    "musa": "MUSA_VISIBLE_DEVICES",
+    "sdaa": "SDAA_VISIBLE_DEVICES",
+    "hpu": "HABANA_VISIBLE_MODULES",
+    "neuron": "NEURON_RT_VISIBLE_CORES",
+}
+# torch's agent shares its rendezvous TCPStore with the workers unless this is "1"; sharing makes
+# restarted gloo groups read the dead workers' addresses (pytorch/pytorch#135712, cpu-notes.md 12).
+DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def config_file_override(env: Mapping[str, str] | None = None) -> str | None:
+    """`ACCELERANDO_CONFIG_FILE` (or `ACCELERATE_CONFIG_FILE`): the per-user config file's path."""
+    return lookup("CONFIG_FILE", env) or None
+
+
+def read_option(variable: str, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(name actually found, value) for a launch option's variable; `ACCELERANDO_X` also as `ACCELERATE_X`."""
+    env = os.environ if env is None else env
+    names = [variable]
+    if variable.startswith(PREFIX):
+        names.append(ALIAS_PREFIX + variable[len(PREFIX) :])
+    for name in names:
+        if name in env:
+            return name, env[name]
+    return None
+
+
+def with_prefix(prefix: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every variable starting with `prefix` (e.g. "FSDP_", "PARALLELISM_CONFIG_"), prefix removed."""
+    env = os.environ if env is None else env
+    return {k[len(prefix) :]: v for k, v in env.items() if k.startswith(prefix)}
+
+
+def restart_count(env: Mapping[str, str] | None = None) -> int:
+    """How many times torchrun's agent has restarted this worker group (0 on the first attempt)."""
+    value = raw("TORCHELASTIC_RESTART_COUNT", env)
+    return int(value) if value and value.isdigit() else 0
+
+
+def launch_environment(
+    exports: Mapping[str, str], base: Mapping[str, str] | None = None, *, shared_store: bool = False
+) -> dict[str, str]:
+    """What to add to the environment before starting the elastic agent (not applied here).
+
+    `exports` are the launcher's settings for the training processes. Unless the caller already
+    chose, the agent's rendezvous store is not shared with the workers, the configuration that
+    made restarts reliable on CPU (cpu-notes.md section 12).
+    """
+    base = os.environ if base is None else base
+    out = {k: str(v) for k, v in exports.items()}
+    if not shared_store and DISABLE_SHARED_STORE not in base:
+        out[DISABLE_SHARED_STORE] = "1"
+    return out
+
+
+def unset(names: list[str], target: MutableMapping[str, str] | None = None) -> None:
+    """Remove variables (e.g. a stale `TORCHELASTIC_ERROR_FILE` before starting an agent)."""
+    target = os.environ if target is None else target
+    for name in names:
+        target.pop(name, None)

@@ -168,7 +168,9 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
     comm_state_option: dict = field(default_factory=dict)
 
-    def to_dict(self, ignore_keys: tuple[str, ...] = ("comm_hook", "comm_wrapper", "comm_state_option")) -> dict:
+    def to_dict(
+        self, ignore_keys: tuple[str, ...] = ("comm_hook", "comm_wrapper", "comm_state_option")
+    ) -> dict:
         return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
 
 

@@ -1,0 +1,1 @@
+"""Operations on nested structures of tensors, local (tree) and across processes (collectives)."""

@@ -1,0 +1,1 @@
+"""Model transformations applied while preparing: compile, pipelining, activation checkpointing."""

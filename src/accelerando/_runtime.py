@@ -1,0 +1,189 @@
+"""The one process-wide runtime: topology, device, process group, precision, strategy, gradient state.
+
+`PartialState`, `AcceleratorState` and `GradientState` (state.py) are views over this object;
+there is no shared-dict singleton. `reset_runtime()` returns the process to a clean slate for tests.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from accelerando.cluster import ProcessTopology, detect_topology
+from accelerando.config import env
+from accelerando.config.options import DistributedType, InitProcessGroupKwargs
+from accelerando.devices import Device, accelerator_device, get_device
+
+if TYPE_CHECKING:
+    from accelerando.precision.base import Precision
+    from accelerando.strategies.base import Strategy
+
+_MULTI_TYPES = {
+    "cpu": DistributedType.MULTI_CPU,
+    "cuda": DistributedType.MULTI_GPU,
+    "xpu": DistributedType.MULTI_XPU,
+    "npu": DistributedType.MULTI_NPU,
+    "mlu": DistributedType.MULTI_MLU,
+    "xla": DistributedType.XLA,
+}
+
+
+@dataclass
+class GradientRuntime:
+    """Accumulation settings and progress, shared by the accelerator, optimizers and schedulers."""
+
+    num_steps: int = 1
+    adjust_scheduler: bool = False
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+    sync_gradients: bool = True
+    step_in_window: int = 0
+    window_size: int = 1
+    dataloaders: list[Any] = field(default_factory=list)
+    configured: bool = False
+
+
+@dataclass
+class Runtime:
+    topology: ProcessTopology
+    device_kind: Device
+    device: torch.device
+    backend: str | None
+    distributed_type: DistributedType
+    settings: env.EnvSettings
+    owns_process_group: bool = False
+    mixed_precision: str = "no"
+    precision: Precision | None = None
+    strategy: Strategy | None = None
+    accelerator_ready: bool = False
+    gradient: GradientRuntime = field(default_factory=GradientRuntime)
+
+
+_RUNTIME: Runtime | None = None
+
+
+def current() -> Runtime | None:
+    return _RUNTIME
+
+
+def _select_device(
+    cpu: bool, topology: ProcessTopology, settings: env.EnvSettings
+) -> tuple[Device, torch.device]:
+    if settings.torch_device:
+        forced = torch.device(settings.torch_device)
+        return get_device(forced.type), forced
+    kind = accelerator_device(cpu=cpu)
+    if kind.type == "cpu":
+        return kind, torch.device("cpu")
+    count = max(kind.device_count(), 1)
+    index = topology.local_rank % count
+    kind.set_current(index)
+    return kind, kind.torch_device(index)
+
+
+def _init_process_group(topology: ProcessTopology, backend: str, kwargs: InitProcessGroupKwargs) -> bool:
+    """Join the job's process group unless the user already did; True when we created it."""
+    if dist.is_initialized():
+        return False
+    timeout = kwargs.timeout or timedelta(minutes=10 if backend == "nccl" else 30)
+    if kwargs.init_method is not None:
+        init_method = kwargs.init_method
+    elif topology.source == "torchelastic":
+        init_method = "env://"  # reuses the agent's store when torchrun asks for it
+    else:
+        init_method = f"tcp://{topology.main_address}:{topology.main_port}"
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method,
+        rank=topology.rank,
+        world_size=topology.world_size,
+        timeout=timeout,
+    )
+    return True
+
+
+def _teardown_at_exit() -> None:
+    """Destroy our process group before interpreter shutdown; gloo aborts the process otherwise."""
+    runtime = _RUNTIME
+    if runtime is not None and runtime.owns_process_group and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway; never turn a clean exit into a crash
+            pass
+
+
+def _install_excepthook(rank: int) -> None:
+    """Print an uncaught error with its rank and record it for torchrun's agent (first failure first)."""
+    previous = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"[accelerando] rank {rank} failed:\n{text}")
+        sys.stderr.flush()
+        if env.raw("TORCHELASTIC_ERROR_FILE"):
+            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+            try:
+                ErrorHandler().record_exception(exc)
+            except Exception:  # noqa: BLE001 - the report above already reached the user
+                pass
+        if previous not in (sys.__excepthook__, hook):
+            previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
+
+
+def init_runtime(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> Runtime:
+    """Create the runtime once per process (idempotent); later calls must agree on `cpu`."""
+    global _RUNTIME
+    settings = env.read_settings()
+    cpu = cpu or settings.use_cpu
+    if _RUNTIME is not None:
+        if cpu and _RUNTIME.device.type != "cpu":
+            raise ValueError(
+                f"the runtime already uses device {_RUNTIME.device}; cpu=True must be given to the first "
+                "PartialState/Accelerator of the process (or call accelerando.state.reset_runtime() first)"
+            )
+        return _RUNTIME
+    init_kwargs = init_kwargs or InitProcessGroupKwargs()
+    topology = detect_topology(env.snapshot())
+    kind, device = _select_device(cpu, topology, settings)
+    backend = init_kwargs.backend or kind.dist_backend
+    distributed_type = DistributedType.NO
+    owns = False
+    if topology.is_distributed:
+        owns = _init_process_group(topology, backend, init_kwargs)
+        distributed_type = _MULTI_TYPES.get(kind.type, DistributedType.MULTI_GPU)
+        _install_excepthook(topology.rank)
+    _RUNTIME = Runtime(
+        topology=topology,
+        device_kind=kind,
+        device=device,
+        backend=backend if topology.is_distributed else None,
+        distributed_type=distributed_type,
+        settings=settings,
+        owns_process_group=owns,
+    )
+    return _RUNTIME
+
+
+def require_runtime() -> Runtime:
+    return _RUNTIME if _RUNTIME is not None else init_runtime()
+
+
+def reset_runtime(destroy_process_group: bool = False) -> None:
+    """Forget the runtime (tests); optionally tear the process group down too."""
+    global _RUNTIME
+    if destroy_process_group and dist.is_initialized():
+        dist.destroy_process_group()
+    _RUNTIME = None
+
+
+atexit.register(_teardown_at_exit)

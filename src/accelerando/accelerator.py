@@ -1,0 +1,674 @@
+"""The `Accelerator` facade: turns Accelerate-style arguments into one resolved configuration and
+forwards every call to a component (runtime, strategy, precision, data, collectives, checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from accelerando import _prepare, _runtime
+from accelerando.config import env
+from accelerando.config.options import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedType,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from accelerando.config.resolve import ResolvedConfig, reject_moved_arguments, resolve
+from accelerando.ops import collectives
+from accelerando.ops.tree import recursively_apply, tree_leaves
+from accelerando.optimizer import AcceleratedOptimizer
+from accelerando.precision import build_precision
+from accelerando.scheduler import AcceleratedScheduler
+from accelerando.state import AcceleratorState, GradientState, configure_gradient
+from accelerando.strategies import StrategyContext, build_strategy
+
+
+class Accelerator:
+    """Run one training script on any device count: see docs/ and `../shared/reference/API.md`."""
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        fsdp_plugin: Any = None,
+        rng_types: list[Any] | None = None,
+        project_dir: str | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[Any] | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        **removed: Any,
+    ) -> None:
+        reject_moved_arguments(removed)
+        settings = env.read_settings()
+        self.config: ResolvedConfig = resolve(
+            cpu=cpu,
+            mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin,
+            dataloader_config=dataloader_config,
+            project_dir=project_dir,
+            project_config=project_config,
+            kwargs_handlers=kwargs_handlers,
+            dynamo_backend=dynamo_backend,
+            dynamo_plugin=dynamo_plugin,
+            device_placement=device_placement,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            rng_types=rng_types,
+            fsdp_plugin=fsdp_plugin,
+            settings=settings,
+        )
+        self._runtime = _runtime.init_runtime(cpu=self.config.cpu, init_kwargs=self.config.handlers.init)
+        self._setup_components()
+        self.state = AcceleratorState()
+        self.gradient_state = GradientState()
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._custom_objects: list[Any] = []
+        self._checkpointer_instance: Any = None
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+
+    def _setup_components(self) -> None:
+        rt, cfg = self._runtime, self.config
+        if rt.accelerator_ready and rt.mixed_precision != cfg.mixed_precision:
+            raise ValueError(
+                f"this process already has an Accelerator with mixed_precision={rt.mixed_precision!r}; "
+                f"a second one cannot use {cfg.mixed_precision!r} (call accelerando.state.reset_runtime() in tests)"
+            )
+        precision = build_precision(
+            cfg.mixed_precision, rt.device.type, cfg.handlers.autocast, cfg.handlers.scaler
+        )
+        ctx = StrategyContext(
+            device=rt.device,
+            world_size=rt.topology.world_size,
+            rank=rt.topology.rank,
+            precision=precision,
+            backend=rt.backend,
+        )
+        if cfg.use_fsdp:
+            strategy = build_strategy("fsdp2", ctx, plugin=cfg.fsdp_plugin)
+        elif rt.topology.world_size > 1:
+            strategy = build_strategy("ddp", ctx, ddp_kwargs=cfg.handlers.ddp)
+        else:
+            strategy = build_strategy("single_device", ctx)
+        strategy.setup_environment()
+        rt.precision, rt.strategy, rt.mixed_precision = precision, strategy, cfg.mixed_precision
+        configure_gradient(rt.gradient, cfg.gradient)
+        rt.gradient.window_size = rt.gradient.num_steps
+        rt.gradient.step_in_window = 0
+        rt.gradient.sync_gradients = True
+        rt.accelerator_ready = True
+
+    # ---- components ------------------------------------------------------------------------
+    @property
+    def strategy(self) -> Any:
+        return self._runtime.strategy
+
+    @property
+    def precision(self) -> Any:
+        return self._runtime.precision
+
+    # ---- process properties ----------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._runtime.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self._runtime.topology.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self._runtime.topology.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self._runtime.topology.local_rank
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def multi_device(self) -> bool:
+        return self.use_distributed and self.device.type != "cpu"
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._runtime.mixed_precision
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.strategy.data_parallel_rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.strategy.data_parallel_size
+
+    @property
+    def scaler(self) -> Any:
+        return self.precision.scaler
+
+    @property
+    def native_amp(self) -> bool:
+        return self.mixed_precision in ("fp16", "bf16")
+
+    @property
+    def device_placement(self) -> bool:
+        return self.config.device_placement
+
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        return self.config.dataloader
+
+    @property
+    def split_batches(self) -> bool:
+        return self.config.dataloader.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.config.dataloader.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.config.dataloader.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.config.dataloader.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.config.dataloader.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.config.dataloader.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self.config.dataloader.use_stateful_dataloader
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        return self.config.project
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.config.project.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.config.project.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.config.project.iteration
+
+    @property
+    def step_scheduler_with_optimizer(self) -> bool:
+        return self.config.step_scheduler_with_optimizer
+
+    @property
+    def rng_types(self) -> list[str]:
+        return list(self.config.rng_types)
+
+    @property
+    def autocast_handler(self) -> AutocastKwargs:
+        return self.config.handlers.autocast
+
+    @property
+    def ddp_handler(self) -> Any:
+        return self.config.handlers.ddp
+
+    @property
+    def scaler_handler(self) -> Any:
+        return self.config.handlers.scaler
+
+    @property
+    def init_handler(self) -> Any:
+        return self.config.handlers.init
+
+    @property
+    def profile_handler(self) -> Any:
+        return self.config.handlers.profile
+
+    # ---- process control (delegates to the state view) -------------------------------------
+    def wait_for_everyone(self) -> None:
+        self.state.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: Callable) -> Callable:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function: Callable | None = None, local_process_index: int | None = None
+    ) -> Callable:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        self.state.print(*args, **kwargs)
+
+    # ---- prepare ---------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and data loaders in any order; same order back."""
+        if device_placement is None:
+            device_placement = [self.device_placement] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
+            )
+        kinds = [_prepare.kind_of(a) for a in args]
+        result = list(args)
+        model_idx = [i for i, k in enumerate(kinds) if k == _prepare.MODEL]
+        opt_idx = [i for i, k in enumerate(kinds) if k == _prepare.OPTIMIZER]
+        models = [self._prepare_module(args[i], device_placement[i]) for i in model_idx]
+        optimizers = [args[i] for i in opt_idx]
+        models, optimizers = self.strategy.prepare(models, optimizers)
+        for i, m in zip(model_idx, models):
+            result[i] = m
+            self._models.append(m)
+        for i, opt in zip(opt_idx, optimizers):
+            result[i] = self._wrap_optimizer(opt, device_placement[i])
+        for i, kind in enumerate(kinds):
+            if kind == _prepare.DATALOADER:
+                result[i] = self.prepare_data_loader(args[i], device_placement=device_placement[i])
+            elif kind == _prepare.SCHEDULER:
+                result[i] = self.prepare_scheduler(args[i])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_module(self, model: torch.nn.Module, placement: bool, evaluation_mode: bool = False) -> Any:
+        return _prepare.prepare_module(
+            model,
+            device=self.device if placement else None,
+            precision=self.precision,
+            dynamo=self.config.dynamo,
+            distributed=self.use_distributed and not self.strategy.capabilities.shards_parameters,
+        )
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        placement = self.device_placement if device_placement is None else device_placement
+        prepared = self._prepare_module(model, placement)
+        (wrapped,), _ = self.strategy.prepare([prepared], [], evaluation_mode=evaluation_mode)
+        self._models.append(wrapped)
+        return wrapped
+
+    def _wrap_optimizer(self, optimizer: torch.optim.Optimizer, placement: bool) -> AcceleratedOptimizer:
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        wrapped = AcceleratedOptimizer(optimizer, device_placement=placement, scaler=self.precision.scaler)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> Any:
+        placement = self.device_placement if device_placement is None else device_placement
+        return self._wrap_optimizer(optimizer, placement)
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        target = getattr(scheduler, "optimizer", None)
+        optimizers = [o for o in self._optimizers if o is target or o.optimizer is target] or self._optimizers
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(
+        self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
+    ) -> Any:
+        from accelerando.data.loaders import prepare_data_loader
+
+        placement = self.device_placement if device_placement is None else device_placement
+        prepared = prepare_data_loader(
+            data_loader,
+            num_processes=self.data_parallel_size,
+            process_index=self.data_parallel_rank,
+            device=self.device,
+            config=self.config.dataloader,
+            gradient_state=self.gradient_state,
+            put_on_device=placement,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        from accelerando.data.loaders import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    # ---- training step ---------------------------------------------------------------------
+    @property
+    def sync_gradients(self) -> bool:
+        return self._runtime.gradient.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self._runtime.gradient.sync_gradients = value
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self._runtime.gradient.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}")
+        self._runtime.gradient.num_steps = value
+        self._runtime.gradient.window_size = value
+
+    def _do_sync(self) -> None:
+        """Decide whether this micro-batch ends an accumulation window (see docs/accumulation.md)."""
+        g = self._runtime.gradient
+        if g.step_in_window == 0:
+            g.window_size = _window_size(g, self.gradient_state.active_dataloader)
+        g.step_in_window += 1
+        self.step += 1
+        at_end = g.sync_with_dataloader and self.gradient_state.end_of_dataloader
+        if at_end or g.step_in_window >= g.window_size:
+            g.sync_gradients = True
+            g.step_in_window = 0
+            if at_end:
+                self.step = 0
+        else:
+            g.sync_gradients = False
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One micro-batch: gradients sync and optimizers step only at the end of a window."""
+        self._do_sync()
+        with contextlib.ExitStack() as stack:
+            if not self.sync_gradients and not self._runtime.gradient.sync_each_batch:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        with self.strategy.no_sync(model):
+            yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(model: torch.nn.Module) -> Iterator[None]:
+        """Make the next backward of a DDP model all-reduce even after forwards under `no_sync`."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        previous = model.require_backward_grad_sync
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync = previous
+            model.require_forward_param_sync = previous
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Scale the loss for accumulation and precision, then run the strategy's backward."""
+        g = self._runtime.gradient
+        if not self.strategy.capabilities.owns_gradient_accumulation and g.window_size > 1:
+            loss = loss / g.window_size
+        self.strategy.backward(loss, **kwargs)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        optimizers = (
+            optimizer
+            if isinstance(optimizer, (list, tuple))
+            else [optimizer]
+            if optimizer
+            else self._optimizers
+        )
+        for opt in optimizers:
+            self.precision.unscale_(opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt)
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[Any], max_norm: float, norm_type: float = 2
+    ) -> torch.Tensor:
+        """Clip the accumulated gradients; on a non-boundary micro-step only measure them."""
+        params = list(parameters)
+        if not self.sync_gradients:
+            return self.strategy.clip_grad_norm_(params, float("inf"), norm_type)
+        self.unscale_gradients()
+        return self.strategy.clip_grad_norm_(params, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[Any], clip_value: float) -> None:
+        if self.sync_gradients:
+            self.unscale_gradients()
+            self.strategy.clip_grad_value_(list(parameters), clip_value)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
+        handler = autocast_handler or self.autocast_handler
+        with self.precision.autocast(enabled=handler.enabled, cache_enabled=handler.cache_enabled):
+            yield
+
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        inner = self.strategy.unwrap(model)
+        if not keep_torch_compile and hasattr(inner, "_orig_mod"):
+            inner = inner._orig_mod
+        if not keep_fp32_wrapper:
+            _prepare.restore_forward(inner)
+        return inner
+
+    # ---- collectives -----------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        return collectives.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather, then drop the samples that even_batches duplicated to pad the last batch."""
+        leaves_are_tensors = bool(tree_leaves(input_data)) and _only_tensors(input_data)
+        if use_gather_object or not leaves_are_tensors:
+            data = collectives.gather_object(input_data)
+        else:
+            data = collectives.gather(input_data)
+        if not self.gradient_state.end_of_dataloader:
+            return data
+        remainder = self.gradient_state.remainder
+        if remainder <= 0:
+            return data
+        if isinstance(data, list) and (use_gather_object or not leaves_are_tensors):
+            return data[:remainder]
+        return recursively_apply(lambda t: t[:remainder], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return collectives.reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """True on every rank when any rank called `set_trigger` since the last check."""
+        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
+        if collectives.reduce(flag, reduction="sum").item() >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Let ranks run different numbers of steps (DDP `Join`), optionally with even_batches overridden."""
+        from torch.distributed.algorithms.join import Join
+
+        loaders = [dl for dl in self._dataloaders if hasattr(dl, "even_batches")]
+        saved = [dl.even_batches for dl in loaders]
+        if even_batches is not None:
+            for dl in loaders:
+                dl.even_batches = even_batches
+        try:
+            if self.use_distributed and not self.strategy.capabilities.shards_parameters:
+                with Join(joinables):
+                    yield
+            else:
+                yield
+        finally:
+            for dl, value in zip(loaders, saved):
+                dl.even_batches = value
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def free_memory(self, *objects: Any) -> list[Any]:
+        self.strategy.teardown()
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        gc.collect()
+        if self.device.type != "cpu":
+            self._runtime.device_kind.empty_cache()
+        return [None] * len(objects)
+
+    clear = free_memory
+
+    def end_training(self) -> None:
+        self.wait_for_everyone()
+        self.state.destroy_process_group()
+
+    # ---- checkpoints: accelerando.checkpoint does the work ----------------------------------
+    def _checkpointer(self) -> Any:
+        from accelerando.checkpoint.manager import Checkpointer
+
+        if getattr(self, "_checkpointer_instance", None) is None:
+            self._checkpointer_instance = Checkpointer(self)
+        return self._checkpointer_instance
+
+    def save_state(
+        self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
+    ) -> str:
+        return self._checkpointer().save_state(output_dir, safe_serialization=safe_serialization, **kwargs)
+
+    def load_state(self, input_dir: str | None = None, **kwargs: Any) -> str:
+        return self._checkpointer().load_state(input_dir, **kwargs)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        self._checkpointer().save_model(model, save_directory, max_shard_size, safe_serialization)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        self._checkpointer().save(obj, f, safe_serialization=safe_serialization)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        return self._checkpointer().get_state_dict(model, unwrap=unwrap)
+
+    def register_save_state_pre_hook(self, hook: Callable) -> Any:
+        return self._checkpointer().register_save_state_pre_hook(hook)
+
+    def register_load_state_pre_hook(self, hook: Callable) -> Any:
+        return self._checkpointer().register_load_state_pre_hook(hook)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        bad = [
+            type(o).__name__
+            for o in objects
+            if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+        ]
+        if bad:
+            raise ValueError(
+                f"objects to checkpoint need state_dict() and load_state_dict(); these do not: {bad}"
+            )
+        self._custom_objects.extend(objects)
+
+    def __repr__(self) -> str:
+        return f"Accelerator(\n{self.state!r})"
+
+
+def _only_tensors(data: Any) -> bool:
+    ok = True
+
+    def check(obj: Any) -> Any:
+        nonlocal ok
+        ok = False
+        return obj
+
+    recursively_apply(check, data, test_type=lambda t: not isinstance(t, (torch.Tensor, list, tuple, dict)))
+    return ok
+
+
+def _window_size(g: _runtime.GradientRuntime, loader: Any) -> int:
+    """Micro-batches in the window starting now: short at the end of a loader of known length."""
+    if g.num_steps == 1 or not g.sync_with_dataloader or loader is None:
+        return g.num_steps
+    try:
+        remaining = len(loader) - int(loader.batches_yielded) + 1
+    except (TypeError, AttributeError):
+        return g.num_steps
+    return max(1, min(g.num_steps, remaining))

@@ -1,0 +1,178 @@
+"""Resolve an Accelerator's arguments, plugin objects and the launcher's environment, once.
+
+Precedence: explicit arguments > plugin objects > environment (set by `accelerando launch`) >
+defaults. The result is frozen; components receive it in their constructors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelerando.config import env
+from accelerando.config.options import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DynamoBackend,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProfileKwargs,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from accelerando.precision.registry import validate_mixed_precision
+
+_HANDLER_SLOTS: dict[type, str] = {
+    AutocastKwargs: "autocast",
+    DistributedDataParallelKwargs: "ddp",
+    GradScalerKwargs: "scaler",
+    InitProcessGroupKwargs: "init",
+    ProfileKwargs: "profile",
+}
+
+# Arguments that Accelerate 1.0 moved; each gets an error that teaches the new spelling.
+MOVED_ARGUMENTS = {
+    "dispatch_batches": "DataLoaderConfiguration(dispatch_batches=...)",
+    "split_batches": "DataLoaderConfiguration(split_batches=...)",
+    "even_batches": "DataLoaderConfiguration(even_batches=...)",
+    "use_seedable_sampler": "DataLoaderConfiguration(use_seedable_sampler=...)",
+    "use_fp16": "mixed_precision='fp16'",
+    "logging_dir": "project_config=ProjectConfiguration(logging_dir=...) or project_dir=...",
+}
+
+
+@dataclass(frozen=True)
+class Handlers:
+    autocast: AutocastKwargs = field(default_factory=AutocastKwargs)
+    ddp: DistributedDataParallelKwargs | None = None
+    scaler: GradScalerKwargs | None = None
+    init: InitProcessGroupKwargs | None = None
+    profile: ProfileKwargs | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    cpu: bool
+    mixed_precision: str
+    gradient: GradientAccumulationPlugin
+    dataloader: DataLoaderConfiguration
+    project: ProjectConfiguration
+    handlers: Handlers
+    dynamo: TorchDynamoPlugin
+    device_placement: bool
+    step_scheduler_with_optimizer: bool
+    rng_types: tuple[str, ...]
+    fsdp_plugin: Any = None
+    use_fsdp: bool = False
+
+
+def reject_moved_arguments(extra: dict[str, Any]) -> None:
+    for name in extra:
+        if name in MOVED_ARGUMENTS:
+            raise TypeError(
+                f"Accelerator() no longer accepts {name!r} (moved in Accelerate 1.0); use {MOVED_ARGUMENTS[name]}"
+            )
+    if extra:
+        raise TypeError(f"Accelerator() got unexpected keyword arguments: {', '.join(sorted(extra))}")
+
+
+def sort_handlers(kwargs_handlers: list[Any] | None) -> Handlers:
+    found: dict[str, Any] = {}
+    for handler in kwargs_handlers or []:
+        if not isinstance(handler, KwargsHandler):
+            raise TypeError(
+                f"kwargs_handlers accepts KwargsHandler instances ({', '.join(c.__name__ for c in _HANDLER_SLOTS)}),"
+                f" got {type(handler).__name__}"
+            )
+        slot = _HANDLER_SLOTS.get(type(handler))
+        if slot is None:
+            raise TypeError(
+                f"unsupported kwargs handler {type(handler).__name__}; accepted: "
+                f"{', '.join(c.__name__ for c in _HANDLER_SLOTS)}"
+            )
+        if slot in found:
+            raise ValueError(f"you can only pass one {type(handler).__name__} in kwargs_handlers")
+        found[slot] = handler
+    return Handlers(**found)
+
+
+def _gradient_plugin(steps: int, plugin: GradientAccumulationPlugin | None, settings: env.EnvSettings) -> Any:
+    if plugin is not None:
+        if steps != 1:
+            raise ValueError(
+                "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both "
+                f"(got gradient_accumulation_steps={steps} and {plugin})"
+            )
+        resolved = dataclasses.replace(plugin)
+    else:
+        from_env = settings.gradient_accumulation_steps
+        resolved = GradientAccumulationPlugin(num_steps=steps if steps != 1 or from_env is None else from_env)
+    n = resolved.num_steps if resolved.num_steps is not None else 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {resolved.num_steps!r}")
+    resolved.num_steps = n
+    return resolved
+
+
+def _dynamo(backend: Any, plugin: TorchDynamoPlugin | None, settings: env.EnvSettings) -> TorchDynamoPlugin:
+    if backend is not None and plugin is not None:
+        raise ValueError("pass either dynamo_backend or dynamo_plugin, not both")
+    if plugin is not None:
+        return plugin
+    return TorchDynamoPlugin(
+        backend=backend or settings.dynamo_backend or DynamoBackend.NO,
+        mode=settings.dynamo_mode,
+        fullgraph=settings.dynamo_fullgraph,
+        dynamic=settings.dynamo_dynamic,
+        use_regional_compilation=settings.dynamo_regional,
+    )
+
+
+def resolve(
+    *,
+    cpu: bool,
+    mixed_precision: Any,
+    gradient_accumulation_steps: int,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None,
+    dataloader_config: DataLoaderConfiguration | None,
+    project_dir: str | None,
+    project_config: ProjectConfiguration | None,
+    kwargs_handlers: list[Any] | None,
+    dynamo_backend: Any,
+    dynamo_plugin: TorchDynamoPlugin | None,
+    device_placement: bool,
+    step_scheduler_with_optimizer: bool,
+    rng_types: list[Any] | None,
+    fsdp_plugin: Any,
+    settings: env.EnvSettings,
+) -> ResolvedConfig:
+    """Validate everything before any work starts; errors name the value and what is accepted."""
+    handlers = sort_handlers(kwargs_handlers)
+    precision = validate_mixed_precision(
+        mixed_precision if mixed_precision is not None else settings.mixed_precision
+    )
+    if dataloader_config is not None and not isinstance(dataloader_config, DataLoaderConfiguration):
+        raise TypeError(
+            f"dataloader_config must be a DataLoaderConfiguration, got {type(dataloader_config).__name__}"
+        )
+    project = dataclasses.replace(project_config) if project_config is not None else ProjectConfiguration()
+    if project_dir is not None:
+        project.set_directories(str(project_dir))
+    return ResolvedConfig(
+        cpu=cpu or settings.use_cpu,
+        mixed_precision=precision,
+        gradient=_gradient_plugin(gradient_accumulation_steps, gradient_accumulation_plugin, settings),
+        dataloader=dataloader_config or DataLoaderConfiguration(),
+        project=project,
+        handlers=handlers,
+        dynamo=_dynamo(dynamo_backend, dynamo_plugin, settings),
+        device_placement=device_placement,
+        step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+        rng_types=tuple(str(r) for r in (rng_types or ["generator"])),
+        fsdp_plugin=fsdp_plugin,
+        use_fsdp=fsdp_plugin is not None or settings.use_fsdp,
+    )

@@ -1,0 +1,220 @@
+"""Every `accelerando launch` setting, described once as data.
+
+One table drives the argument parser, the config-file keys, the environment variable that can set a
+value and the one exported to the training processes. Adding a setting is adding a row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Option kinds: "switch" (store_true flag), "bool" (takes true/false), "int", "float", "str".
+KINDS = ("switch", "bool", "int", "float", "str")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One launch setting: CLI flag `--name`, config-file key(s), environment variable."""
+
+    name: str
+    kind: str
+    group: str
+    help: str
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    yaml: tuple[str, ...] = ()  # dotted keys in an Accelerate config file, first is canonical
+    env: str | None = None  # full variable name; `ACCELERANDO_*` is also read as `ACCELERATE_*`
+    export: bool = False  # written for the training processes when set
+    lower: bool = False  # compare choices case-insensitively and store lower-case
+    short: str | None = None  # an extra one-dash spelling, e.g. "-t"
+
+
+def _o(name: str, kind: str, group: str, help: str, **kw: Any) -> Option:
+    kw.setdefault("yaml", (name,))
+    kw.setdefault("env", "ACCELERANDO_" + name.upper())
+    return Option(name=name, kind=kind, group=group, help=help, **kw)
+
+
+def _feature(
+    prefix_env: str, yaml_section: str, name: str, kind: str, group: str, help: str, **kw: Any
+) -> Option:
+    """A setting read by a feature (FSDP, DeepSpeed, ...) from the environment of each process."""
+    key = kw.pop("key", name)
+    env_name = kw.pop("env_name", prefix_env + key.upper().removeprefix(group.upper() + "_"))
+    kw.setdefault("yaml", (f"{yaml_section}.{key}",))
+    return Option(name=name, kind=kind, group=group, help=help, env=env_name, export=True, **kw)
+
+
+GENERAL = "General"
+HARDWARE = "Hardware selection"
+RESOURCE = "Resource selection"
+PARADIGM = "Training paradigm"
+DISTRIBUTED = "Distributed (single and multi node)"
+DEEPSPEED = "DeepSpeed"
+FSDP = "FSDP"
+FP8 = "FP8"
+PARALLEL = "ParallelismConfig"
+
+_DYNAMO_BACKENDS = (
+    "no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi", "fx2trt",
+    "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torhchxla_trace_once", "tvm",
+)  # fmt: skip
+
+_CORE: list[Option] = [
+    _o("debug", "switch", GENERAL, "check collectives across ranks (sets ACCELERANDO_DEBUG_MODE) and show launcher logs",
+       env="ACCELERANDO_DEBUG_MODE", export=True),
+    _o("cpu", "switch", HARDWARE, "run on CPU only (gloo), even when an accelerator is present",
+       yaml=("use_cpu",), env="ACCELERANDO_USE_CPU", export=True),
+    _o("multi_gpu", "switch", HARDWARE, "use the machine's accelerators (Accelerate's flag; implied by default)",
+       yaml=(), env=None),
+    _o("tpu", "switch", HARDWARE, "TPU launching (not supported: use torch_xla's launcher)", yaml=(), env=None),
+    _o("mixed_precision", "str", RESOURCE, "mixed precision mode", choices=("no", "fp16", "bf16", "fp8"),
+       default="no", export=True, lower=True),
+    _o("num_processes", "int", RESOURCE, "total processes over all machines (Accelerate's meaning)"),
+    _o("nproc_per_node", "int", RESOURCE, "processes on this machine (default: num_processes / num_machines); "
+       "may differ between machines"),
+    _o("num_machines", "int", RESOURCE, "number of machines (nodes)", default=1),
+    _o("num_cpu_threads_per_process", "int", RESOURCE, "OMP_NUM_THREADS for each process "
+       "(default on CPU: cores / local processes)", env="OMP_NUM_THREADS", export=True),
+    _o("enable_cpu_affinity", "switch", RESOURCE, "pin each process to a NUMA node's cores",
+       env="ACCELERANDO_CPU_AFFINITY", export=True),
+    _o("dynamo_backend", "str", RESOURCE, "torch.compile backend ('no' disables)", choices=_DYNAMO_BACKENDS,
+       default="no", yaml=("dynamo_config.dynamo_backend", "dynamo_backend"), export=True, lower=True),
+    _o("dynamo_mode", "str", RESOURCE, "torch.compile mode", choices=("default", "reduce-overhead", "max-autotune"),
+       yaml=("dynamo_config.dynamo_mode",), export=True),
+    _o("dynamo_use_fullgraph", "switch", RESOURCE, "torch.compile(fullgraph=True)",
+       yaml=("dynamo_config.dynamo_use_fullgraph",), export=True),
+    _o("dynamo_use_dynamic", "switch", RESOURCE, "torch.compile(dynamic=True)",
+       yaml=("dynamo_config.dynamo_use_dynamic",), export=True),
+    _o("dynamo_use_regional_compilation", "switch", RESOURCE, "compile repeated blocks once",
+       yaml=("dynamo_config.dynamo_use_regional_compilation",), export=True),
+    _o("use_deepspeed", "switch", PARADIGM, "train with DeepSpeed", yaml=(), export=True),
+    _o("use_fsdp", "switch", PARADIGM, "train with FSDP", yaml=(), export=True),
+    _o("use_parallelism_config", "switch", PARADIGM, "build a ParallelismConfig from --parallelism_config_*",
+       yaml=(), export=True),
+    _o("use_megatron_lm", "switch", PARADIGM, "Megatron-LM (not supported by accelerando)", yaml=(), env=None),
+    _o("gpu_ids", "str", DISTRIBUTED, "accelerator ids for this machine, 'all' or e.g. '0,1' "
+       "(sets CUDA_VISIBLE_DEVICES or the device's equivalent)", env=None),
+    _o("same_network", "switch", DISTRIBUTED, "all machines share a local network (accepted; no effect with torchrun)"),
+    _o("machine_rank", "int", DISTRIBUTED, "rank of this machine, 0 is the main one", default=0),
+    _o("main_process_ip", "str", DISTRIBUTED, "address of machine 0 (required with --num_machines > 1)"),
+    _o("main_process_port", "int", DISTRIBUTED, "rendezvous port on machine 0 (single machine: a free one; "
+       "multi-machine: 29500)"),
+    _o("tee", "str", DISTRIBUTED, "also write stdout/stderr to --log_dir: 0 none, 1 stdout, 2 stderr, 3 both",
+       default="0", short="-t"),
+    _o("log_dir", "str", DISTRIBUTED, "folder for the per-rank logs"),
+    _o("role", "str", DISTRIBUTED, "name of the worker group", default="default"),
+    _o("rdzv_backend", "str", DISTRIBUTED, "rendezvous: c10d (reliable restarts, default) or static",
+       default="c10d", choices=("c10d", "static")),
+    _o("rdzv_conf", "str", DISTRIBUTED, "extra rendezvous settings 'k1=v1,k2=v2' (join_timeout, read_timeout, "
+       "timeout, last_call_timeout, close_timeout)", default=""),
+    _o("max_restarts", "int", DISTRIBUTED, "restart the whole worker group up to N times after a failure",
+       default=0),
+    _o("monitor_interval", "float", DISTRIBUTED, "seconds between health checks of the workers", default=0.1),
+]  # fmt: skip
+
+
+def _ds(name: str, kind: str, help: str, **kw: Any) -> Option:
+    return _feature("ACCELERANDO_DEEPSPEED_", "deepspeed_config", name, kind, DEEPSPEED, help, **kw)
+
+
+_DEEPSPEED: list[Option] = [
+    _ds("deepspeed_config_file", "str", "DeepSpeed JSON config file", env_name="ACCELERANDO_DEEPSPEED_CONFIG_FILE"),
+    _ds("zero_stage", "int", "ZeRO stage 0-3"),
+    _ds("offload_optimizer_device", "str", "optimizer state offload", choices=("none", "cpu", "nvme"), lower=True),
+    _ds("offload_param_device", "str", "parameter offload", choices=("none", "cpu", "nvme"), lower=True),
+    _ds("offload_optimizer_nvme_path", "str", "NVMe path for optimizer offload"),
+    _ds("offload_param_nvme_path", "str", "NVMe path for parameter offload"),
+    _ds("gradient_accumulation_steps", "int", "gradient accumulation steps (all strategies read it)",
+        env_name="ACCELERANDO_GRADIENT_ACCUMULATION_STEPS"),
+    _ds("gradient_clipping", "float", "gradient clipping value", env_name="ACCELERANDO_GRADIENT_CLIPPING"),
+    _ds("zero3_init_flag", "bool", "build ZeRO-3 models partitioned (zero.Init)",
+        env_name="ACCELERANDO_DEEPSPEED_ZERO3_INIT"),
+    _ds("zero3_save_16bit_model", "bool", "save a 16-bit model with ZeRO-3"),
+    _ds("deepspeed_hostfile", "str", "DeepSpeed hostfile (accepted; accelerando launches each node itself)",
+        env_name="ACCELERANDO_DEEPSPEED_HOSTFILE"),
+    _ds("deepspeed_exclusion_filter", "str", "DeepSpeed exclusion filter (accepted, not used)",
+        env_name="ACCELERANDO_DEEPSPEED_EXCLUSION_FILTER"),
+    _ds("deepspeed_inclusion_filter", "str", "DeepSpeed inclusion filter (accepted, not used)",
+        env_name="ACCELERANDO_DEEPSPEED_INCLUSION_FILTER"),
+    _ds("deepspeed_multinode_launcher", "str", "DeepSpeed multi-node runner (accelerando always uses torchrun's agent)",
+        choices=("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"),
+        env_name="ACCELERANDO_DEEPSPEED_MULTINODE_LAUNCHER"),
+    _ds("deepspeed_moe_layer_cls_names", "str", "MoE layer class names, comma separated",
+        env_name="ACCELERANDO_DEEPSPEED_MOE_LAYER_CLS_NAMES"),
+]  # fmt: skip
+
+
+def _fsdp(name: str, kind: str, help: str, **kw: Any) -> Option:
+    return _feature("FSDP_", "fsdp_config", name, kind, FSDP, help, **kw)
+
+
+_FSDP: list[Option] = [
+    _fsdp("fsdp_version", "int", "FSDP version: 1 (FullyShardedDataParallel) or 2 (fully_shard)"),
+    _fsdp("fsdp_offload_params", "bool", "offload parameters and gradients to CPU"),
+    _fsdp("fsdp_min_num_params", "int", "minimum parameters for size-based auto wrap"),
+    _fsdp("fsdp_sharding_strategy", "str", "FSDP1 sharding strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, ...)"),
+    _fsdp("fsdp_reshard_after_forward", "str", "FSDP2: true/false (or an FSDP1 strategy name)"),
+    _fsdp("fsdp_auto_wrap_policy", "str", "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP"),
+    _fsdp("fsdp_transformer_layer_cls_to_wrap", "str", "layer class names to wrap, comma separated",
+          env_name="FSDP_TRANSFORMER_CLS_TO_WRAP"),
+    _fsdp("fsdp_backward_prefetch", "str", "FSDP1 backward prefetch (BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH)"),
+    _fsdp("fsdp_state_dict_type", "str", "FULL_STATE_DICT or SHARDED_STATE_DICT"),
+    _fsdp("fsdp_forward_prefetch", "bool", "FSDP1 forward prefetch"),
+    _fsdp("fsdp_use_orig_params", "bool", "FSDP1 use_orig_params"),
+    _fsdp("fsdp_cpu_ram_efficient_loading", "bool", "load weights on rank 0 only, then broadcast"),
+    _fsdp("fsdp_sync_module_states", "bool", "FSDP1: broadcast module states from rank 0"),
+    _fsdp("fsdp_activation_checkpointing", "bool", "checkpoint activations of wrapped layers"),
+    _fsdp("fsdp_ignored_modules", "str", "module names FSDP leaves alone"),
+]  # fmt: skip
+
+
+def _fp8(name: str, kind: str, help: str, keys: tuple[str, ...], **kw: Any) -> Option:
+    return Option(name=name, kind=kind, group=FP8, help=help, yaml=tuple(f"fp8_config.{k}" for k in keys),
+                  env="ACCELERANDO_" + name.upper(), export=True, **kw)  # fmt: skip
+
+
+_FP8: list[Option] = [
+    _fp8("fp8_backend", "str", "FP8 backend", ("backend",), choices=("ao", "te", "msamp"), lower=True),
+    _fp8("fp8_use_autocast_during_eval", "switch", "keep FP8 autocast during evaluation",
+         ("use_autocast_during_eval",)),
+    _fp8("fp8_margin", "int", "TE scaling margin", ("margin",)),
+    _fp8("fp8_interval", "int", "TE scaling-factor update interval", ("interval",)),
+    _fp8("fp8_format", "str", "FP8 format", ("fp8_format",), choices=("HYBRID", "E4M3", "E5M2")),
+    _fp8("fp8_amax_history_len", "int", "amax history length", ("amax_history_len", "amax_history_length")),
+    _fp8("fp8_amax_compute_algo", "str", "amax algorithm", ("amax_compute_algo", "amax_compute_algorithm"),
+         choices=("max", "most_recent")),
+    _fp8("fp8_override_linear_precision", "str", "'(fprop, dgrad, wgrad)' higher-precision overrides",
+         ("override_linear_precision",)),
+    _fp8("fp8_opt_level", "str", "MS-AMP level", ("opt_level", "optimization_level"), choices=("O1", "O2")),
+    _fp8("fp8_enable_fsdp_float8_all_gather", "bool", "torchao: FP8 all-gather under FSDP2",
+         ("enable_fsdp_float8_all_gather",)),
+    _fp8("fp8_pad_inner_dim", "bool", "torchao: pad inner dimensions", ("pad_inner_dim",)),
+]  # fmt: skip
+
+
+def _pc(name: str, kind: str, help: str, **kw: Any) -> Option:
+    full = "parallelism_config_" + name
+    return Option(name=full, kind=kind, group=PARALLEL, help=help, yaml=(f"parallelism_config.{full}",),
+                  env=full.upper(), export=True, **kw)  # fmt: skip
+
+
+_PARALLEL: list[Option] = [
+    _pc("dp_replicate_size", "int", "data-parallel replicas (HSDP outer dimension)"),
+    _pc("dp_shard_size", "int", "data-parallel shards (FSDP dimension)"),
+    _pc("tp_size", "int", "tensor-parallel size"),
+    _pc("cp_size", "int", "context-parallel size"),
+    _pc("cp_backend", "str", "context-parallel backend", choices=("torch",)),
+    _pc("cp_comm_strategy", "str", "context-parallel rotation: allgather or alltoall"),
+    _pc("sp_size", "int", "sequence-parallel size"),
+    _pc("sp_backend", "str", "sequence-parallel backend", choices=("deepspeed",)),
+    _pc("sp_seq_length", "int", "sequence length for sequence parallelism"),
+    _pc("sp_seq_length_is_variable", "bool", "sequence length varies between batches"),
+    _pc("sp_attn_implementation", "str", "attention implementation for sequence parallelism"),
+]
+
+OPTIONS: tuple[Option, ...] = tuple(_CORE + _DEEPSPEED + _FSDP + _FP8 + _PARALLEL)
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+assert len(BY_NAME) == len(OPTIONS), "duplicate option names"
+assert all(o.kind in KINDS for o in OPTIONS)

@@ -1,0 +1,259 @@
+"""Launch configuration, resolved once: CLI flag > environment > config file > defaults.
+
+Pure functions of their inputs (the parsed flags, an environment mapping, a loaded config file and
+what was detected about the machine), so every precedence rule is tested without processes.
+Each resolved value keeps the name of its source, which `launch` prints before starting.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from accelerando.config import env as envmod
+from accelerando.config.yaml_config import ConfigFile
+from accelerando.launch.flags import BY_NAME, OPTIONS, Option
+
+DEFAULT = "default"
+# Shown in the printout even when they kept their default.
+ALWAYS_SHOWN = (
+    "cpu", "mixed_precision", "num_processes", "nproc_per_node", "num_machines", "machine_rank",
+    "main_process_ip", "main_process_port", "rdzv_backend", "max_restarts",
+)  # fmt: skip
+MULTI_NODE_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Detected:
+    """What launch found about this machine (kept apart so resolution stays pure)."""
+
+    device_type: str = "cpu"
+    device_count: int = 0
+    cpu_cores: int = 1
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Option name -> value, and option name -> where the value came from."""
+
+    values: Mapping[str, Any]
+    sources: Mapping[str, str]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def with_value(self, name: str, value: Any, source: str) -> Resolved:
+        return replace(self, values={**self.values, name: value}, sources={**self.sources, name: source})
+
+
+def coerce(opt: Option, value: Any, where: str) -> Any:
+    """Convert a value from a file or the environment to the option's type; errors name the source."""
+    try:
+        if opt.kind in ("switch", "bool"):
+            out: Any = value if isinstance(value, bool) else envmod.parse_bool(str(value), where)
+        elif opt.kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            out = int(value)
+        elif opt.kind == "float":
+            out = float(value)
+        else:
+            if value is False and opt.choices and "no" in opt.choices:  # YAML 1.1 reads `no` as False
+                value = "no"
+            out = str(value).lower() if opt.lower else str(value)
+    except ValueError:
+        raise ValueError(f"{where}: {value!r} is not a valid {opt.kind} for {opt.name}") from None
+    if opt.choices and out not in opt.choices:
+        raise ValueError(f"{where}: {opt.name}={value!r} is not one of {', '.join(opt.choices)}")
+    return out
+
+
+def read_sources(cli: Mapping[str, Any], environ: Mapping[str, str], config: ConfigFile | None) -> Resolved:
+    """Pick every option's value by precedence: flag > environment > config file > default."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for opt in OPTIONS:
+        found = envmod.read_option(opt.env, environ) if opt.env else None
+        if opt.name in cli and cli[opt.name] is not None:
+            values[opt.name], sources[opt.name] = coerce(opt, cli[opt.name], f"--{opt.name}"), f"--{opt.name}"
+        elif found is not None and found[1] != "":
+            values[opt.name], sources[opt.name] = coerce(opt, found[1], f"env {found[0]}"), f"env {found[0]}"
+        elif config is not None and opt.name in config.values:
+            where = f"config {config.path} ({config.keys[opt.name]})"
+            values[opt.name], sources[opt.name] = coerce(opt, config.values[opt.name], where), where
+        else:
+            values[opt.name], sources[opt.name] = opt.default, DEFAULT
+    return Resolved(values, sources)
+
+
+def _check_supported(r: Resolved) -> None:
+    for name, what in (
+        ("tpu", "TPU/XLA pods (use torch_xla's launcher)"),
+        ("use_megatron_lm", "Megatron-LM"),
+    ):
+        if r[name]:
+            raise ValueError(f"{name} (from {r.sources[name]}): accelerando does not launch {what}")
+    if (
+        r["cpu"]
+        and r["multi_gpu"]
+        and r.sources["cpu"].startswith("--")
+        and r.sources["multi_gpu"].startswith("--")
+    ):
+        raise ValueError("--cpu and --multi_gpu exclude each other; pass one of them")
+
+
+def _resolve_device(r: Resolved, detected: Detected) -> Resolved:
+    """CPU when asked, or when the machine has no accelerator (gloo, no extra variable needed)."""
+    if r["cpu"]:
+        return r
+    if detected.device_type == "cpu":
+        if r["multi_gpu"] or r.sources["cpu"] != DEFAULT:
+            warnings.warn(
+                "no accelerator found on this machine: running the processes on CPU (gloo)", stacklevel=3
+            )
+        return r.with_value("cpu", True, "detected: no accelerator")
+    return r
+
+
+def _resolve_counts(r: Resolved, detected: Detected) -> Resolved:
+    """Total and per-machine process counts; Accelerate's num_processes is the total."""
+    machines, rank = r["num_machines"], r["machine_rank"]
+    if machines < 1:
+        raise ValueError(f"num_machines={machines} (from {r.sources['num_machines']}) must be at least 1")
+    if not 0 <= rank < machines:
+        raise ValueError(
+            f"machine_rank={rank} (from {r.sources['machine_rank']}) must be in [0, {machines - 1}]"
+        )
+    per_node, total = r["nproc_per_node"], r["num_processes"]
+    if per_node is None and total is None:
+        local = 1 if r["cpu"] else max(detected.device_count, 1)
+        what = "1 CPU process" if r["cpu"] else f"{local} {detected.device_type} device(s)"
+        r = r.with_value("num_processes", local * machines, f"default: {what} per machine")
+        total = local * machines
+    if per_node is None:
+        if total < 1 or total % machines:
+            raise ValueError(
+                f"num_processes={total} (from {r.sources['num_processes']}) is the total over {machines} machine(s) "
+                "and must be a positive multiple of it; for machines with different counts pass --nproc_per_node"
+            )
+        r = r.with_value("nproc_per_node", total // machines, "derived: num_processes / num_machines")
+    elif per_node < 1:
+        raise ValueError(f"nproc_per_node={per_node} (from {r.sources['nproc_per_node']}) must be at least 1")
+    elif total is None:
+        r = r.with_value("num_processes", per_node * machines, "derived: nproc_per_node x num_machines")
+    return r
+
+
+def _resolve_network(
+    r: Resolved, port_is_free: Callable[[int], bool], free_port: Callable[[], int]
+) -> Resolved:
+    """Rendezvous address and backend: a private c10d one on one machine, machine 0's otherwise."""
+    if r["num_machines"] == 1:
+        if r["main_process_ip"] is None:
+            r = r.with_value("main_process_ip", "127.0.0.1", "default: one machine")
+        port = r["main_process_port"]
+        if port is None:
+            r = r.with_value("main_process_port", free_port(), "default: a free port")
+        elif not port_is_free(port):
+            warnings.warn(f"main_process_port {port} is in use; using a free port instead", stacklevel=3)
+            r = r.with_value("main_process_port", free_port(), f"free port ({port} was in use)")
+        if r["rdzv_backend"] != "c10d":
+            r = r.with_value("rdzv_backend", "c10d", "one machine: private c10d rendezvous")
+        return r
+    if not r["main_process_ip"]:
+        raise ValueError(
+            f"--num_machines {r['num_machines']} needs --main_process_ip (the address of machine 0)"
+        )
+    if r["main_process_port"] is None:
+        r = r.with_value("main_process_port", MULTI_NODE_PORT, DEFAULT)
+    if r["rdzv_backend"] == "static" and r["max_restarts"] > 0:
+        warnings.warn(
+            "--max_restarts with static rendezvous is unreliable (restarted gloo/NCCL groups can read stale "
+            "addresses); prefer --rdzv_backend c10d",
+            stacklevel=3,
+        )
+    return r
+
+
+def parse_rdzv_conf(text: str) -> dict[str, str]:
+    """'k1=v1,k2=v2' -> dict; errors name the bad entry."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(
+                f"--rdzv_conf entry {item!r} is not key=value (example: join_timeout=600,read_timeout=60)"
+            )
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _validate_misc(r: Resolved, detected: Detected) -> Resolved:
+    if r["max_restarts"] < 0:
+        raise ValueError(f"max_restarts={r['max_restarts']} must be 0 or more")
+    if r["monitor_interval"] <= 0:
+        raise ValueError(f"monitor_interval={r['monitor_interval']} must be positive (seconds)")
+    parse_rdzv_conf(r["rdzv_conf"])
+    ids = r["gpu_ids"]
+    if ids is not None and ids != "all" and not all(p.strip().isdigit() for p in str(ids).split(",")):
+        raise ValueError(f"gpu_ids={ids!r} must be 'all' or comma-separated device indices such as '0,1'")
+    threads = r["num_cpu_threads_per_process"]
+    if threads is not None and threads < 1:
+        raise ValueError(f"num_cpu_threads_per_process={threads} must be at least 1")
+    if threads is None:
+        local = r["nproc_per_node"]
+        value = max(1, detected.cpu_cores // local) if r["cpu"] else 1
+        r = r.with_value("num_cpu_threads_per_process", value, "derived: cores / local processes")
+    return r
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config: ConfigFile | None,
+    detected: Detected,
+    *,
+    port_is_free: Callable[[int], bool] = lambda port: True,
+    free_port: Callable[[], int] = lambda: 29500,
+) -> Resolved:
+    """The whole launch configuration for this machine, or a ValueError naming the bad value."""
+    unknown = set(cli) - set(BY_NAME)
+    if unknown:
+        raise TypeError(f"unknown launch options: {', '.join(sorted(unknown))}")
+    r = read_sources(cli, environ, config)
+    _check_supported(r)
+    r = _resolve_device(r, detected)
+    r = _resolve_counts(r, detected)
+    r = _resolve_network(r, port_is_free, free_port)
+    return _validate_misc(r, detected)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def child_exports(r: Resolved, device_type: str) -> dict[str, str]:
+    """Variables for the training processes: every exported option that was set, plus device masks."""
+    out: dict[str, str] = {}
+    for opt in OPTIONS:
+        if opt.export and opt.env and r.sources[opt.name] != DEFAULT and r[opt.name] is not None:
+            out[opt.env] = _text(r[opt.name])
+    ids = r["gpu_ids"]
+    if ids and ids != "all" and not r["cpu"] and device_type in envmod.VISIBLE_DEVICES:
+        out[envmod.VISIBLE_DEVICES[device_type]] = str(ids).replace(" ", "")
+    return out
+
+
+def report(r: Resolved) -> str:
+    """The resolved configuration, one value per line with its source."""
+    shown = [o.name for o in OPTIONS if o.name in ALWAYS_SHOWN or r.sources[o.name] != DEFAULT]
+    width = max(len(n) for n in shown)
+    lines = ["accelerando launch: resolved configuration (flag > environment > config file > default)"]
+    for name in shown:
+        value = "-" if r[name] is None else _text(r[name])
+        lines.append(f"  {name:<{width}}  {value:<12} [{r.sources[name]}]")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Runs inside each training process before the user's script: records an uncaught exception.
+
+Started by file path (`python -u .../worker.py --script train.py args...`), so it imports nothing
+from accelerando or torch: the script sees the same `sys.argv`, `sys.path[0]` and `__main__` it
+would under `python train.py`. If the script raises, the traceback (without these frames) goes to
+stderr and, in the JSON layout torch's `ProcessFailure` reads, to `$TORCHELASTIC_ERROR_FILE`; the
+launcher prints it first.
+"""
+
+import sys
+
+if __name__ == "__main__" and len(sys.argv) > 2:
+    # Replace this file's folder on the path before anything else is imported from it.
+    sys.path[0] = (
+        ""
+        if sys.argv[1] == "--module"
+        else __import__("os").path.dirname(__import__("os").path.abspath(sys.argv[2]))
+    )
+
+import json  # noqa: E402
+import os  # noqa: E402
+import runpy  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from types import TracebackType  # noqa: E402
+
+_SKIP = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Drop the leading frames of this file and of runpy, which only add noise."""
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _SKIP:
+        tb = tb.tb_next
+    return tb
+
+
+def record(exc: BaseException) -> str:
+    """Print the traceback and write it where the agent looks for it; returns the text."""
+    text = "".join(traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__)))
+    rank = os.environ.get("RANK", "?")
+    sys.stderr.write(f"[rank {rank}] {text}")
+    sys.stderr.flush()
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        now = time.time()
+        data = {
+            "message": {
+                "message": f"{type(exc).__name__}: {exc}",
+                "extraInfo": {"py_callstack": text, "timestamp": str(int(now)), "time": repr(now)},
+            }
+        }
+        try:
+            with open(path, "w") as fh:
+                json.dump(data, fh)
+        except OSError as err:
+            sys.stderr.write(f"accelerando: could not write the error file {path}: {err}\n")
+    return text
+
+
+def main(argv: list[str]) -> int:
+    """`--script PATH args...` or `--module NAME args...`."""
+    if len(argv) < 2 or argv[0] not in ("--script", "--module"):
+        sys.stderr.write("usage: worker.py --script PATH [args...] | --module NAME [args...]\n")
+        return 2
+    mode, target, rest = argv[0], argv[1], argv[2:]
+    try:
+        if mode == "--module":
+            sys.argv = [target, *rest]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *rest]
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
+        record(exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

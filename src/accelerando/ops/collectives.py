@@ -1,0 +1,166 @@
+"""Collectives over nested structures of tensors, safe against mismatched shapes.
+
+Every gather first exchanges a small signature (dtype and shape of each leaf). Leaves that differ
+only in their first dimension are padded, gathered and trimmed; any other mismatch raises a
+ValueError naming each rank's shapes instead of hanging or failing deep inside the backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from accelerando.ops.tree import recursively_apply, tree_leaves, tree_replace
+
+_MAX_DIMS = 8
+_DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+]  # fmt: skip
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _signature(leaves: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    rows = []
+    for t in leaves:
+        if t.dim() > _MAX_DIMS:
+            raise ValueError(f"cannot gather a tensor with {t.dim()} dimensions (at most {_MAX_DIMS})")
+        code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else len(_DTYPES)
+        rows.append([code, t.dim(), *t.shape, *([-1] * (_MAX_DIMS - t.dim()))])
+    return torch.tensor(rows, dtype=torch.int64, device=device).reshape(-1)
+
+
+def _all_gather_same(t: torch.Tensor) -> list[torch.Tensor]:
+    out = [torch.empty_like(t) for _ in range(_world())]
+    dist.all_gather(out, t)
+    return out
+
+
+def _check_signatures(leaves: list[torch.Tensor]) -> list[list[tuple[int, ...]]]:
+    """Shapes of every leaf on every rank; raises when structures or trailing dims disagree."""
+    device = leaves[0].device if leaves else torch.device("cpu")
+    counts = [int(c) for c in _all_gather_same(torch.tensor([len(leaves)], device=device))]
+    if len(set(counts)) > 1:
+        raise ValueError(f"cannot gather: ranks passed different numbers of tensors: {counts}")
+    if not leaves:
+        return []
+    sigs = [s.view(len(leaves), -1).tolist() for s in _all_gather_same(_signature(leaves, device))]
+    shapes: list[list[tuple[int, ...]]] = []
+    for i in range(len(leaves)):
+        per_rank = [tuple(row[i][2 : 2 + row[i][1]]) for row in sigs]
+        dtypes = {row[i][0] for row in sigs}
+        trailing = {s[1:] for s in per_rank}
+        ndims = {len(s) for s in per_rank}
+        if len(dtypes) > 1 or len(ndims) > 1 or len(trailing) > 1:
+            listing = ", ".join(f"rank {r}: {tuple(s)}" for r, s in enumerate(per_rank))
+            raise ValueError(
+                f"cannot gather tensor #{i}: its shape or dtype differs across ranks beyond the first "
+                f"dimension ({listing}); pad it with pad_across_processes first"
+            )
+        shapes.append(per_rank)
+    return shapes
+
+
+def _gather_leaf(t: torch.Tensor, shapes: list[tuple[int, ...]]) -> torch.Tensor:
+    longest = max(s[0] for s in shapes)
+    if all(s[0] == longest for s in shapes):
+        return torch.cat(_all_gather_same(t.contiguous()), dim=0)
+    padded = t.new_zeros((longest, *t.shape[1:]))
+    padded[: t.shape[0]] = t
+    parts = _all_gather_same(padded)
+    return torch.cat([p[: s[0]] for p, s in zip(parts, shapes)], dim=0)
+
+
+def gather(data: Any) -> Any:
+    """Concatenate every rank's tensors along dim 0 (0-dim tensors become one row per rank)."""
+    if _world() == 1:
+        return recursively_apply(lambda t: t[None] if t.dim() == 0 else t, data)
+    leaves = [t[None] if t.dim() == 0 else t for t in tree_leaves(data)]
+    shapes = _check_signatures(leaves)
+    return tree_replace(data, [_gather_leaf(t, s) for t, s in zip(leaves, shapes)])
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Every rank's object; lists are concatenated rank after rank."""
+    if _world() == 1:
+        return list(obj) if isinstance(obj, list) else [obj]
+    out: list[Any] = [None] * _world()
+    dist.all_gather_object(out, obj)
+    if isinstance(obj, list):
+        return [item for part in out for item in part]
+    return out
+
+
+def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """All-reduce every tensor with 'sum', 'mean', 'max' or 'none' (local), then multiply by `scale`."""
+    if reduction not in ("sum", "mean", "max", "none"):
+        raise ValueError(f"reduction={reduction!r} is not supported; accepted: 'sum', 'mean', 'max', 'none'")
+    world = _world()
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        if world > 1 and reduction != "none":
+            dist.all_reduce(out, op=dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
+            if reduction == "mean":
+                out = out / world
+        return out * scale if scale != 1.0 else out
+
+    if world > 1 and reduction != "none":
+        _check_same_shapes(tree_leaves(data), "reduce")
+    return recursively_apply(one, data, error_on_other_type=True)
+
+
+def _check_same_shapes(leaves: list[torch.Tensor], what: str) -> None:
+    for i, shapes in enumerate(_check_signatures(leaves)):
+        if len(set(shapes)) > 1:
+            listing = ", ".join(f"rank {r}: {s}" for r, s in enumerate(shapes))
+            raise ValueError(f"cannot {what} tensor #{i}: shapes differ across ranks ({listing})")
+
+
+def broadcast(data: Any, from_process: int = 0) -> Any:
+    """Every rank gets `from_process`'s tensors (in place, shapes must already agree)."""
+    if _world() == 1:
+        return data
+    _check_same_shapes(tree_leaves(data), "broadcast")
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        t = t.contiguous()
+        dist.broadcast(t, src=from_process)
+        return t
+
+    return recursively_apply(one, data, error_on_other_type=True)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Picklable objects from `from_process`, written into `object_list` on every rank."""
+    if _world() > 1:
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pad each tensor along `dim` to the largest size any rank has."""
+    if _world() == 1:
+        return data
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if dim >= t.dim() or dim < -t.dim():
+            return t
+        sizes = _all_gather_same(torch.tensor([t.shape[dim]], device=t.device))
+        longest = int(max(s.item() for s in sizes))
+        if longest == t.shape[dim]:
+            return t
+        new_shape = list(t.shape)
+        new_shape[dim] = longest
+        out = t.new_full(new_shape, pad_index)
+        index = [slice(None)] * t.dim()
+        index[dim] = slice(longest - t.shape[dim], longest) if pad_first else slice(0, t.shape[dim])
+        out[tuple(index)] = t
+        return out
+
+    return recursively_apply(one, data, error_on_other_type=True)

@@ -1,0 +1,137 @@
+"""Walking nested batches (lists, tuples, named tuples, dicts, dataclass-like mappings) of tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+
+def is_namedtuple(obj: object) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def _rebuild(obj: Any, items: list[Any]) -> Any:
+    if is_namedtuple(obj):
+        return type(obj)(*items)
+    return type(obj)(items)
+
+
+def recursively_apply(
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] = lambda t: isinstance(t, torch.Tensor),
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Apply `func` to every leaf passing `test_type`, keeping the container types."""
+    if isinstance(data, (list, tuple)):
+        return _rebuild(
+            data,
+            [
+                recursively_apply(
+                    func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
+                for o in data
+            ],
+        )
+    if isinstance(data, Mapping):
+        return type(data)(
+            {
+                k: recursively_apply(
+                    func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
+                for k, v in data.items()
+            }
+        )
+    if test_type(data):
+        return func(data, *args, **kwargs)
+    if error_on_other_type:
+        raise TypeError(
+            f"cannot apply {getattr(func, '__name__', func)} to an object of type {type(data).__name__}; "
+            "only nested lists, tuples and dicts of tensors are accepted"
+        )
+    return data
+
+
+def tree_leaves(data: Any) -> list[torch.Tensor]:
+    """Every tensor in `data`, in a deterministic (depth-first, insertion) order."""
+    leaves: list[torch.Tensor] = []
+
+    def collect(t: torch.Tensor) -> torch.Tensor:
+        leaves.append(t)
+        return t
+
+    recursively_apply(collect, data)
+    return leaves
+
+
+def tree_replace(data: Any, new_leaves: list[Any]) -> Any:
+    """`data` with its tensors replaced, in `tree_leaves` order, by `new_leaves`."""
+    it = iter(new_leaves)
+    return recursively_apply(lambda _t: next(it), data)
+
+
+def send_to_device(
+    data: Any,
+    device: torch.device | str | int,
+    non_blocking: bool = False,
+    skip_keys: list[str] | str | None = None,
+) -> Any:
+    """Move every tensor (and anything with a `.to`) in `data` to `device`."""
+    if isinstance(skip_keys, str):
+        skip_keys = [skip_keys]
+    if isinstance(data, torch.Tensor) or (
+        hasattr(data, "to") and not isinstance(data, (Mapping, list, tuple))
+    ):
+        if isinstance(data, torch.Tensor) and data.device == torch.device(device):
+            return data
+        try:
+            return data.to(device, non_blocking=non_blocking)
+        except TypeError:
+            return data.to(device)
+    if isinstance(data, (list, tuple)):
+        return _rebuild(data, [send_to_device(o, device, non_blocking, skip_keys) for o in data])
+    if isinstance(data, Mapping):
+        skip = set(skip_keys or ())
+        return type(data)(
+            {
+                k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys)
+                for k, v in data.items()
+            }
+        )
+    return data
+
+
+def find_batch_size(data: Any) -> int | None:
+    """Size of the first dimension of the first tensor found, or None."""
+    for leaf in tree_leaves(data):
+        return int(leaf.shape[0]) if leaf.dim() > 0 else None
+    return None
+
+
+def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """Concatenate a list of same-shaped nested structures leaf by leaf."""
+    first = data[0]
+    if isinstance(first, (list, tuple)):
+        return _rebuild(first, [concatenate([d[i] for d in data], dim) for i in range(len(first))])
+    if isinstance(first, Mapping):
+        return type(first)({k: concatenate([d[k] for d in data], dim) for k in first})
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"can only concatenate tensors, got {type(first).__name__}")
+    return torch.cat(data, dim=dim)
+
+
+def slice_tensors(data: Any, tensor_slice: slice) -> Any:
+    return recursively_apply(lambda t: t[tensor_slice], data)
+
+
+def convert_to_fp32(data: Any) -> Any:
+    """Cast fp16/bf16 tensors in `data` to fp32 (outputs of an autocast forward)."""
+    return recursively_apply(
+        lambda t: t.float(),
+        data,
+        test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16),
+    )

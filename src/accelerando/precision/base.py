@@ -1,0 +1,54 @@
+"""The Precision interface: how a model computes and how its gradients are scaled and stepped."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class Precision:
+    """Full precision: every hook is the identity. Mixed precision overrides what it needs."""
+
+    name = "no"
+    compute_dtype: torch.dtype | None = None
+
+    def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Swap layers before wrapping (fp8 replaces Linear); identity otherwise."""
+        return model
+
+    @contextlib.contextmanager
+    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> Iterator[None]:
+        yield
+
+    @property
+    def wraps_forward(self) -> bool:
+        """Whether prepared models run their forward under `autocast()`."""
+        return False
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        return None
+
+    def step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> bool:
+        """Step the optimizer; return False when the step was skipped (fp16 overflow)."""
+        optimizer.step(closure) if closure is not None else optimizer.step()
+        return True
+
+    @property
+    def scaler(self) -> Any:
+        return None
+
+    def fsdp_mixed_precision(self) -> Any:
+        """The FSDP2 `MixedPrecisionPolicy` equivalent of this precision, or None."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None

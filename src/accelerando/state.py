@@ -1,0 +1,340 @@
+"""`PartialState`, `AcceleratorState`, `GradientState`: Accelerate's state objects as views.
+
+Every instance reads the one process-wide runtime (`_runtime.py`), so two `PartialState()` calls
+always agree; `PartialState` works before any `Accelerator` exists.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from accelerando import _runtime
+from accelerando.config.options import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
+
+__all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "is_initialized"]
+
+
+def is_initialized() -> bool:
+    """Whether an `Accelerator` has configured this process."""
+    runtime = _runtime.current()
+    return runtime is not None and runtime.accelerator_ready
+
+
+def reset_runtime(destroy_process_group: bool = False) -> None:
+    _runtime.reset_runtime(destroy_process_group)
+
+
+class PartialState:
+    """Process placement and control: rank, device, barriers, per-rank decorators."""
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        init_kwargs = InitProcessGroupKwargs(**kwargs) if kwargs else None
+        self._rt = _runtime.init_runtime(cpu=cpu, init_kwargs=init_kwargs)
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = True) -> None:
+        if reset_partial_state:
+            _runtime.reset_runtime()
+
+    # ---- placement -------------------------------------------------------------------------
+    @property
+    def initialized(self) -> bool:
+        return _runtime.current() is not None
+
+    @property
+    def device(self) -> torch.device:
+        return self._rt.device
+
+    @property
+    def backend(self) -> str | None:
+        return self._rt.backend
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        strategy = self._rt.strategy
+        return strategy.distributed_type if strategy is not None else self._rt.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self._rt.topology.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self._rt.topology.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self._rt.topology.local_rank
+
+    @property
+    def num_nodes(self) -> int:
+        return self._rt.topology.num_nodes
+
+    @property
+    def use_distributed(self) -> bool:
+        return self._rt.topology.world_size > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def debug(self) -> bool:
+        return self._rt.settings.debug_mode
+
+    @property
+    def fork_launched(self) -> bool:
+        return self._rt.settings.fork_launched
+
+    def set_device(self) -> None:
+        if self.device.type != "cpu" and self.device.index is not None:
+            self._rt.device_kind.set_current(self.device.index)
+
+    # ---- control ---------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        if self.use_distributed:
+            dist.barrier()
+
+    @contextmanager
+    def _goes_first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        with self._goes_first(self.is_main_process):
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        with self._goes_first(self.is_local_main_process):
+            yield
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This rank's contiguous share of a list, tuple, dict of lists, or tensor."""
+        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return _only_when(function, lambda: self.process_index == process_index)
+
+    def on_local_process(
+        self, function: Callable | None = None, local_process_index: int | None = None
+    ) -> Callable:
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return _only_when(function, lambda: self.local_process_index == local_process_index)
+
+    def on_main_process(self, function: Callable) -> Callable:
+        return _only_when(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        return _only_when(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        return _only_when(function, lambda: self.is_last_process)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group(group)
+            self._rt.owns_process_group = False
+
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}{'  Backend: ' + str(self.backend) if self.backend else ''}\n"
+            f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\nDevice: {self.device}\n"
+        )
+
+
+def _only_when(function: Callable, condition: Callable[[], bool]) -> Callable:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs) if condition() else None
+
+    return wrapper
+
+
+def _split(inputs: Any, world: int, rank: int, apply_padding: bool) -> Any:
+    if isinstance(inputs, dict):
+        lengths = {len(v) for v in inputs.values()}
+        if len(lengths) > 1:
+            raise ValueError(
+                f"split_between_processes needs dict values of one length, got lengths {sorted(lengths)}"
+            )
+        return {k: _split(v, world, rank, apply_padding) for k, v in inputs.items()}
+    length = len(inputs)
+    per_rank, extra = divmod(length, world)
+    start = rank * per_rank + min(rank, extra)
+    end = start + per_rank + (1 if rank < extra else 0)
+    part = inputs[start:end]
+    if apply_padding and extra and len(part) < math.ceil(length / world):
+        pad_item = inputs[-1:]
+        if isinstance(inputs, torch.Tensor):
+            part = torch.cat([part, pad_item])
+        else:
+            part = part + pad_item
+    return part
+
+
+class AcceleratorState(PartialState):
+    """`PartialState` plus what an `Accelerator` configured: precision, strategy, plugins."""
+
+    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
+        super().__init__(
+            cpu=cpu, **{k: v for k, v in kwargs.items() if k in ("backend", "init_method", "timeout")}
+        )
+        if (
+            mixed_precision is not None
+            and self._rt.accelerator_ready
+            and mixed_precision != self.mixed_precision
+        ):
+            raise ValueError(
+                f"AcceleratorState was already configured with mixed_precision={self.mixed_precision!r}; "
+                f"cannot change it to {mixed_precision!r} (call accelerando.state.reset_runtime() in tests)"
+            )
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._rt.mixed_precision
+
+    @property
+    def strategy(self) -> Any:
+        return self._rt.strategy
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        return (
+            getattr(self._rt.strategy, "plugin", None)
+            if self.distributed_type == DistributedType.FSDP
+            else None
+        )
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        is_ds = self.distributed_type == DistributedType.DEEPSPEED
+        return getattr(self._rt.strategy, "plugin", None) if is_ds else None
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def initialized(self) -> bool:
+        return self._rt.accelerator_ready
+
+    def __repr__(self) -> str:
+        return super().__repr__() + f"Mixed precision type: {self.mixed_precision}\n"
+
+
+class GradientState:
+    """Accumulation progress and the active data loader's end/remainder, for optimizers and metrics."""
+
+    def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
+        self._g = _runtime.require_runtime().gradient
+        if gradient_accumulation_plugin is not None:
+            configure_gradient(self._g, gradient_accumulation_plugin)
+
+    @property
+    def initialized(self) -> bool:
+        return self._g.configured
+
+    @property
+    def num_steps(self) -> int:
+        return self._g.num_steps
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return self._g.adjust_scheduler
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return self._g.sync_with_dataloader
+
+    @property
+    def sync_each_batch(self) -> bool:
+        return self._g.sync_each_batch
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        g = self._g
+        return {
+            "num_steps": g.num_steps,
+            "adjust_scheduler": g.adjust_scheduler,
+            "sync_with_dataloader": g.sync_with_dataloader,
+            "sync_each_batch": g.sync_each_batch,
+        }
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self._g.sync_gradients
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self._g.sync_gradients = sync_gradients
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self._g.dataloaders[-1] if self._g.dataloaders else None
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        return list(self._g.dataloaders)
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self._g.dataloaders)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        loader = self.active_dataloader
+        return bool(getattr(loader, "end_of_dataloader", False)) if loader is not None else False
+
+    @property
+    def remainder(self) -> int:
+        loader = self.active_dataloader
+        return int(getattr(loader, "remainder", -1)) if loader is not None else -1
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self._g.dataloaders.append(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        if dataloader in self._g.dataloaders:
+            self._g.dataloaders.remove(dataloader)
+
+    def __repr__(self) -> str:
+        return f"GradientState(sync_gradients={self.sync_gradients}, num_steps={self.num_steps})"
+
+
+def configure_gradient(g: _runtime.GradientRuntime, plugin: GradientAccumulationPlugin) -> None:
+    steps = 1 if plugin.num_steps is None else plugin.num_steps
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {plugin.num_steps!r}")
+    g.num_steps = steps
+    g.adjust_scheduler = plugin.adjust_scheduler
+    g.sync_with_dataloader = plugin.sync_with_dataloader
+    g.sync_each_batch = plugin.sync_each_batch
+    g.configured = True

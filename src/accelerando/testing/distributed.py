@@ -1,0 +1,65 @@
+"""Run a script on several real processes (torchrun's agent, gloo on CPU) from a test.
+
+One launch per feature: scripts batch their checks and fail with an assertion; the failing rank's
+traceback comes back in the AssertionError raised here, and a hard timeout turns a hang into a
+failure with whatever the ranks printed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def torchrun_command(script: str | Path, args: Sequence[str] = (), nproc: int = 2) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+        "--monitor_interval=0.1",
+        str(script),
+        *map(str, args),
+    ]
+
+
+def run_distributed(
+    script: str | Path,
+    args: Sequence[str] = (),
+    *,
+    nproc: int = 2,
+    timeout: float = 180,
+    env: Mapping[str, str] | None = None,
+    expect_success: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run `script` on `nproc` ranks; raise AssertionError with the output unless it exits as expected."""
+    child_env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    child_env.update(env or {})
+    cmd = torchrun_command(script, args, nproc)
+    try:
+        proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        out = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        errs = (err.stderr or b"").decode() if isinstance(err.stderr, bytes) else (err.stderr or "")
+        raise AssertionError(
+            f"{script} timed out after {timeout}s\n--- stdout\n{out}\n--- stderr\n{errs}"
+        ) from None
+    if (proc.returncode == 0) != expect_success:
+        raise AssertionError(
+            f"{script} exited {proc.returncode} (expected {'0' if expect_success else 'non-zero'})\n"
+            f"--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-12000:]}"
+        )
+    return proc

@@ -1,0 +1,43 @@
+"""Accelerate's `utils.dataclasses` names, defined in `accelerando.config.options`."""
+
+from accelerando.config.options import (
+    AutocastKwargs,
+    BaseEnum,
+    ComputeEnvironment,
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    DynamoBackend,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    LoggerType,
+    PrecisionType,
+    ProfileKwargs,
+    ProjectConfiguration,
+    RNGType,
+    TorchDynamoPlugin,
+)
+
+__all__ = [
+    "AutocastKwargs",
+    "BaseEnum",
+    "ComputeEnvironment",
+    "DDPCommunicationHookType",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "DynamoBackend",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
+    "LoggerType",
+    "PrecisionType",
+    "ProfileKwargs",
+    "ProjectConfiguration",
+    "RNGType",
+    "TorchDynamoPlugin",
+]
