@@ -178,7 +178,8 @@ def _place_next(plan: _Plan) -> None:
             plan.assign(entry, "disk", plan.sizes.get(entry, 0), "no memory budget left on earlier devices")
         _drop(plan, partners)
         return
-    room = plan.free(device) - plan.reserve(device, size)
+    reserve = plan.reserve(device, size)
+    room = plan.free(device) - reserve
     if size <= room:
         plan.assign(name, device, plan.sizes.get(name, 0))
         for other, _ in partners:
@@ -248,7 +249,7 @@ def infer_auto_device_map(
         _place_next(plan)
     device_map = clean_device_map(plan.device_map) if clean_result else dict(plan.device_map)
     if verbose:
-        logger.info(explain_plan(plan, device_map, offload_buffers))
+        print(explain_plan(plan, device_map, offload_buffers))
     return device_map
 
 

@@ -24,12 +24,16 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 from types import TracebackType  # noqa: E402
 
-_SKIP = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+_SKIP = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     """Drop the leading frames of this file and of runpy, which only add noise."""
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _SKIP:
+    def name(frame_tb: TracebackType) -> str:
+        filename = frame_tb.tb_frame.f_code.co_filename
+        return filename if filename.startswith("<") else os.path.abspath(filename)
+
+    while tb is not None and name(tb) in _SKIP:
         tb = tb.tb_next
     return tb
 

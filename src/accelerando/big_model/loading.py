@@ -1,0 +1,339 @@
+"""Loading checkpoints (single file, sharded index, folder) into a model, device by device.
+
+safetensors tensors are memory-mapped: a weight kept on cpu in its stored dtype is used in place
+(zero copy, like `load_state_dict(assign=True)`), and a weight mapped to "disk" is not read at
+all: the offload index points at it in the original file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from accelerando.big_model.device_map import DeviceKey, device_for
+from accelerando.big_model.offload import (
+    load_offloaded_weights,
+    offload_weight,
+    save_offload_index,
+)
+from accelerando.big_model.sizes import (
+    _as_dtype,
+    find_tied_parameters,
+    named_module_tensors,
+    retie_parameters,
+)
+from accelerando.big_model.tensors import set_module_tensor_to_device
+
+logger = logging.getLogger(__name__)
+
+_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
+
+
+def resolve_checkpoint_files(checkpoint: str | os.PathLike[str]) -> list[Path]:
+    """A checkpoint file, an index JSON, or a folder holding either -> the list of weight files."""
+    path = Path(checkpoint)
+    if path.is_dir():
+        for name in (*_INDEX_NAMES, *_SINGLE_NAMES):
+            if (path / name).is_file():
+                return resolve_checkpoint_files(path / name)
+        found = sorted(path.glob("*.index.json")) or sorted(path.glob("*.safetensors"))
+        if len(found) == 1:
+            return resolve_checkpoint_files(found[0])
+        raise ValueError(
+            f"{path} holds no single checkpoint: expected one of {_INDEX_NAMES + _SINGLE_NAMES}, an *.index.json "
+            "or exactly one *.safetensors file"
+        )
+    if not path.is_file():
+        raise ValueError(
+            f"checkpoint {str(path)!r} does not exist; pass a weights file, an index JSON or a folder"
+        )
+    if path.name.endswith(".json"):
+        index = json.loads(path.read_text())
+        if "weight_map" not in index:
+            raise ValueError(f"{path} is not a sharded-checkpoint index (no 'weight_map' key)")
+        files = dict.fromkeys(index["weight_map"].values())
+        return [path.parent / name for name in files]
+    return [path]
+
+
+def load_state_dict(
+    checkpoint_file: str | os.PathLike[str], device_map: Mapping[str, DeviceKey] | None = None
+) -> dict[str, torch.Tensor]:
+    """One weights file as a dict of cpu tensors, memory-mapped (.bin read with weights_only=True)."""
+    path = str(checkpoint_file)
+    if path.endswith(".safetensors"):
+        with safe_open(path, framework="pt", device="cpu") as handle:
+            if device_map is None:
+                return {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+            return {k: handle.get_tensor(k) for k in handle.keys() if device_for(k, device_map) != "disk"}  # noqa: SIM118
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+@dataclass
+class LoadReport:
+    """What loading did: tensors served from disk (the offload index), and what did not match."""
+
+    offload_index: dict[str, Any] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+
+
+def _load_dtype(
+    name: str,
+    stored: torch.dtype,
+    dtype: torch.dtype | None,
+    keep_fp32: Sequence[str],
+    model_dtype: torch.dtype,
+) -> torch.dtype:
+    """The dtype a tensor ends up in: `dtype` for floats (fp32 for keep_in_fp32 modules), else stored."""
+    if not stored.is_floating_point:
+        return stored
+    if any(part in name.split(".") or name.startswith(part + ".") for part in keep_fp32):
+        return torch.float32
+    if dtype is not None:
+        return dtype
+    return model_dtype if model_dtype.is_floating_point else stored
+
+
+class _Loader:
+    """One pass over the checkpoint files putting each tensor where the device map says."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        device_map: Mapping[str, DeviceKey] | None,
+        dtype: torch.dtype | None,
+        offload_folder: str | None,
+        offload_buffers: bool,
+        keep_in_fp32_modules: Sequence[str],
+        staging: str | None,
+    ) -> None:
+        self.model = model
+        self.device_map = device_map
+        self.dtype = dtype
+        self.offload_folder = offload_folder
+        self.offload_buffers = offload_buffers
+        self.keep_fp32 = list(keep_in_fp32_modules)
+        self.staging = staging
+        self.staged: dict[str, Any] = {}
+        self.expected = {n: t for n, t in named_module_tensors(model, recurse=True)}
+        self.report = LoadReport()
+        self.loaded: set[str] = set()
+
+    def target(self, name: str) -> DeviceKey:
+        if self.device_map is None:
+            current = self.expected[name].device
+            return "cpu" if current.type == "meta" else str(current)
+        return device_for(name, self.device_map)
+
+    def load_file(self, path: Path) -> None:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for key in handle.keys():  # noqa: SIM118
+                    if self._accept(key):
+                        self._place_safetensors(path, handle, key)
+            return
+        state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        for key, value in state.items():
+            if self._accept(key):
+                self._place(key, value)
+
+    def _accept(self, key: str) -> bool:
+        if key not in self.expected:
+            self.report.unexpected.append(key)
+            return False
+        return True
+
+    def _final_dtype(self, key: str, stored: torch.dtype) -> torch.dtype:
+        return _load_dtype(key, stored, self.dtype, self.keep_fp32, self.expected[key].dtype)
+
+    def _place_safetensors(self, path: Path, handle: Any, key: str) -> None:
+        if self.target(key) == "disk" and self._offloadable(key):
+            stored = handle.get_slice(key).get_dtype()
+            stored_dtype = _SAFETENSORS_NAMES.get(stored, torch.float32)
+            final = self._final_dtype(key, stored_dtype)
+            self.report.offload_index[key] = {
+                "safetensors_file": str(path.resolve()),
+                "weight_name": key,
+                "dtype": str(final).replace("torch.", ""),
+            }
+            self._to_meta(key, final)
+            return
+        self._place(key, handle.get_tensor(key))
+
+    def _offloadable(self, key: str) -> bool:
+        parent, _, attr = key.rpartition(".")
+        module = self.model.get_submodule(parent) if parent else self.model
+        return attr in module._parameters or self.offload_buffers or attr not in module._buffers
+
+    def _to_meta(self, key: str, dtype: torch.dtype) -> None:
+        meta = torch.empty(self.expected[key].shape, device="meta", dtype=dtype)
+        set_module_tensor_to_device(self.model, key, "meta", value=meta, dtype=dtype)
+        self.loaded.add(key)
+
+    def _place(self, key: str, value: torch.Tensor) -> None:
+        final = self._final_dtype(key, value.dtype)
+        device = self.target(key)
+        if device == "disk" and self._offloadable(key):
+            if self.offload_folder is None:
+                raise ValueError(
+                    f"{key!r} is mapped to 'disk' and comes from a non-safetensors file: pass offload_folder= "
+                    "(a directory where it can be written)"
+                )
+            offload_weight(value.to(final), key, self.offload_folder, index=self.report.offload_index)
+            self._to_meta(key, final)
+            return
+        if device == "disk":
+            device = "cpu"
+        if self.staging is not None and device == "cpu":
+            offload_weight(value.to(final), key, self.staging, index=self.staged)
+            self._to_meta(key, final)
+            return
+        set_module_tensor_to_device(self.model, key, device, value=value, dtype=final)
+        self.loaded.add(key)
+
+    def finish(self) -> LoadReport:
+        if self.staging is not None and self.staged:
+            load_offloaded_weights(self.model, self.staged, self.staging)
+        persistent = {
+            n for n, _ in named_module_tensors(self.model, recurse=True, remove_non_persistent=True)
+        }
+        self.report.missing = sorted(n for n in self.expected if n in persistent and n not in self.loaded)
+        return self.report
+
+
+_SAFETENSORS_NAMES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+def load_checkpoint(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: Mapping[str, DeviceKey] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    dtype: torch.dtype | str | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: Sequence[str] | None = None,
+    strict: bool = False,
+) -> LoadReport:
+    """Load weights into `model` following `device_map`; returns the report (used by dispatch)."""
+    tied = find_tied_parameters(model)
+    folder = None if offload_folder is None else str(offload_folder)
+    with (
+        tempfile.TemporaryDirectory(prefix="accelerando-staging-")
+        if offload_state_dict
+        else _null() as staging
+    ):
+        loader = _Loader(
+            model, device_map, _as_dtype(dtype), folder, offload_buffers, keep_in_fp32_modules or [], staging
+        )
+        for path in resolve_checkpoint_files(checkpoint):
+            loader.load_file(path)
+        report = loader.finish()
+    retie_parameters(model, tied)
+    tied_names = {n for group in tied for n in group}
+    tied_loaded = {n for group in tied if any(m in loader.loaded for m in group) for n in group}
+    report.missing = [n for n in report.missing if n not in tied_loaded]
+    _alias_tied_offloads(report.offload_index, tied)
+    _report_mismatches(report, strict, tied_names)
+    return report
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _alias_tied_offloads(index: dict[str, Any], tied: list[list[str]]) -> None:
+    """A tied weight saved once is served under every name of its group."""
+    for group in tied:
+        source = next((n for n in group if n in index), None)
+        if source is not None:
+            for name in group:
+                index.setdefault(name, index[source])
+
+
+def _report_mismatches(report: LoadReport, strict: bool, tied_names: set[str]) -> None:
+    if strict and (report.missing or report.unexpected):
+        raise ValueError(
+            f"checkpoint does not match the model: missing {report.missing[:10]}, unexpected {report.unexpected[:10]}"
+        )
+    if report.unexpected:
+        logger.warning(
+            "checkpoint has %d tensor(s) the model lacks: %s", len(report.unexpected), report.unexpected[:10]
+        )
+    if report.missing:
+        logger.warning(
+            "checkpoint lacks %d tensor(s) of the model: %s", len(report.missing), report.missing[:10]
+        )
+
+
+def load_checkpoint_in_model(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: Mapping[str, DeviceKey] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    dtype: torch.dtype | str | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: Sequence[str] | None = None,
+    offload_8bit_bnb: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> None:
+    """Accelerate's entry point: load, and write the disk index to `offload_folder` for dispatch.
+
+    Weights mapped to "disk" are needed later by `dispatch_model(offload_dir=offload_folder)`, so
+    an `offload_folder` is required when the map has any; safetensors weights are not copied there,
+    only referenced from its ``index.json``.
+    """
+    if offload_8bit_bnb or broadcast_from_rank0 or not full_state_dict:
+        raise ValueError(
+            "offload_8bit_bnb, broadcast_from_rank0 and full_state_dict=False are not supported by accelerando's "
+            "loader; load a full (non-quantized) checkpoint on each process"
+        )
+    if device_map is not None and "disk" in {str(v) for v in device_map.values()} and offload_folder is None:
+        raise ValueError(
+            "device_map sends modules to 'disk': pass offload_folder= (where the offload index goes)"
+        )
+    report = load_checkpoint(
+        model,
+        checkpoint,
+        device_map,
+        offload_folder,
+        dtype,
+        offload_state_dict,
+        offload_buffers,
+        keep_in_fp32_modules,
+        strict,
+    )
+    if report.offload_index and offload_folder is not None:
+        save_offload_index(report.offload_index, offload_folder)

@@ -1,0 +1,225 @@
+"""Samplers and dataset wrappers that apply `sharding` to a torch DataLoader's index stream.
+
+They only compute indices: no sample is loaded here, so skipping batches costs index arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Sampler
+
+from accelerando.data import sharding as sh
+
+try:  # torchdata's stateful BatchSampler batches exactly like torch's
+    from torchdata.stateful_dataloader.sampler import BatchSampler as _TorchdataBatchSampler
+
+    _PLAIN_BATCH_ITERS: tuple[Any, ...] = (BatchSampler.__iter__, _TorchdataBatchSampler.__iter__)
+except ImportError:  # pragma: no cover - torchdata is optional
+    _PLAIN_BATCH_ITERS = (BatchSampler.__iter__,)
+
+
+def is_plain_batch_sampler(batch_sampler: Any) -> bool:
+    """True for a torch `BatchSampler` (not a subclass that changes how batches are formed)."""
+    return (
+        isinstance(batch_sampler, BatchSampler)
+        and type(batch_sampler).__iter__ in _PLAIN_BATCH_ITERS
+        and isinstance(getattr(batch_sampler, "sampler", None), Sized)
+    )
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A `RandomSampler` whose order is a function of `(initial_seed, epoch)` only.
+
+    It never draws from the global torch RNG (so the training loop's randomness is not shifted by
+    iterating data) and never touches a generator the user passed. The order for a given
+    `data_seed` and epoch is the one Accelerate's sampler of the same name gives.
+    """
+
+    def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial_seed = int(torch.initial_seed() if data_seed is None else data_seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.data_source)  # type: ignore[arg-type]
+        gen = torch.Generator()
+        gen.manual_seed(self.initial_seed + self.epoch)
+        total = self.num_samples
+        if self.replacement:
+            for _ in range(total // 32):
+                yield from torch.randint(high=n, size=(32,), dtype=torch.int64, generator=gen).tolist()
+            yield from torch.randint(high=n, size=(total % 32,), dtype=torch.int64, generator=gen).tolist()
+        else:
+            for _ in range(total // n):
+                yield from torch.randperm(n, generator=gen).tolist()
+            yield from torch.randperm(n, generator=gen).tolist()[: total % n]
+        self.epoch += 1  # standalone use: a new order next pass (a prepared loader sets it anyway)
+
+
+def _set_epoch(obj: Any, epoch: int) -> None:
+    fn = getattr(obj, "set_epoch", None)
+    if callable(fn):
+        fn(epoch)
+
+
+class BatchSamplerShard(Sampler[list[int]]):
+    """One process's batches of a batch sampler (see `sharding` for the exact assignment).
+
+    A torch `BatchSampler` is sharded by index arithmetic over its sampler's order; any other
+    batch sampler is kept as it is and its batches are dealt round-robin (or split, with
+    `split_batches`). `skip` batches at the start of the next pass are jumped over, never loaded.
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Any,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
+        self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
+        self.plain = is_plain_batch_sampler(batch_sampler)
+        if split_batches and self.batch_size is None and not self.plain:
+            raise ValueError(
+                "split_batches=True needs a batch sampler with a `batch_size` attribute (the global "
+                f"batch size); {type(batch_sampler).__name__} has none"
+            )
+        self.spec  # validates
+        self.skip = 0
+        self.remainder = -1
+
+    @property
+    def spec(self) -> sh.ShardSpec:
+        return sh.ShardSpec(
+            self.process_index,
+            self.num_processes,
+            self.batch_size or 1,
+            self.split_batches,
+            self.even_batches,
+            self.drop_last,
+        )
+
+    @property
+    def total_length(self) -> int:
+        """Batches of the wrapped sampler (all processes together)."""
+        return len(self.batch_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        _set_epoch(self.batch_sampler, epoch)
+        _set_epoch(getattr(self.batch_sampler, "sampler", None), epoch)
+
+    def full_length(self) -> int:
+        """Batches of this process in a whole epoch, ignoring `skip`."""
+        spec = self.spec
+        if self.plain:
+            return sh.num_batches(len(self.batch_sampler.sampler), spec)
+        if self.split_batches:
+            return len(self.batch_sampler)
+        return sh.round_robin_len(len(self.batch_sampler), spec)
+
+    def __len__(self) -> int:
+        return max(self.full_length() - self.skip, 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        spec, skip = self.spec, self.skip
+        if self.plain:
+            indices = list(self.batch_sampler.sampler)
+            self.remainder = sh.remainder(len(indices), spec)
+            return sh.iter_rank_batches(indices, spec, skip)
+        self.remainder = 0
+        return self._iter_custom(spec, skip)
+
+    def _iter_custom(self, spec: sh.ShardSpec, skip: int) -> Iterator[list[int]]:
+        sink: list[int] = []
+        if self.split_batches:
+            stream = sh.iter_split(self.batch_sampler, spec, skip, sink, full_size=self.batch_size)
+            for batch in stream:
+                if sink:
+                    self.remainder = sink[0]
+                yield batch
+        else:
+            for batch, _ in sh.iter_round_robin(self.batch_sampler, spec, skip, sink):
+                if sink:
+                    self.remainder = sink[0]
+                yield list(batch)
+
+
+class IterableDatasetShard(IterableDataset):
+    """One process's samples of an iterable dataset: every process reads the stream, keeps its piece.
+
+    The stream is cut in global batches of `batch_size * num_processes` samples (`batch_size` when
+    `split_batches`); a short final one is padded from the first samples (`even_batches`),
+    dropped (`drop_last`) or shared as it is. `skip` global batches are read and discarded.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.spec  # validates
+        self.skip = 0
+        self.remainder = -1
+        self.epoch = 0
+
+    @property
+    def spec(self) -> sh.ShardSpec:
+        return sh.ShardSpec(
+            self.process_index,
+            self.num_processes,
+            self.batch_size,
+            self.split_batches,
+            self.even_batches,
+            self.drop_last,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        _set_epoch(self.dataset, epoch)
+
+    @property
+    def total_length(self) -> int:
+        return len(self.dataset)
+
+    def __len__(self) -> int:
+        spec = self.spec
+        return max(sh.num_samples_of_rank(len(self.dataset), spec) - self.skip * spec.per_rank, 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        spec = self.spec
+        self.remainder = -1
+        for chunk, real in sh.iter_global_batches(self.dataset, spec, self.skip):
+            if real < len(chunk):
+                self.remainder = real
+            elif self.remainder < 0 and len(chunk) < spec.global_size:
+                self.remainder = 0
+            bounds = sh.piece_bounds(len(chunk), spec)
+            if bounds is not None:
+                yield from chunk[bounds[0] : bounds[1]]
+        if self.remainder < 0:
+            self.remainder = 0

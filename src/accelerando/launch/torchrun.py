@@ -1,0 +1,199 @@
+"""Start the training processes with torchrun's elastic agent, in this process.
+
+`torch.distributed.launcher.api.launch_agent` does the work (rendezvous, worker processes, health
+checks, restarts); this module turns a resolved launch configuration into its `LaunchConfig`,
+keeps the agent's log lines out of the way, and reports failures root cause first.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelerando.config import env as envmod
+from accelerando.launch.errors import exit_code, format_child_failure, format_rendezvous_failure
+from accelerando.launch.settings import Resolved, child_exports, parse_rdzv_conf
+
+WORKER = Path(__file__).with_name("worker.py")
+_RESTART_MARK = "will restart worker group"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What each process runs: a script path, a module (`-m`), or an executable (`--no_python`)."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+
+    def __post_init__(self) -> None:
+        if self.module and self.no_python:
+            raise ValueError("--module and --no_python exclude each other")
+        if not self.script:
+            raise ValueError("no training script given: accelerando launch [flags] script.py [script args]")
+        if not (self.module or self.no_python) and not Path(self.script).is_file():
+            raise ValueError(f"training script {self.script!r} does not exist")
+
+    def entrypoint(self) -> tuple[str, list[str]]:
+        """Executable and arguments; Python targets go through the recording worker bootstrap."""
+        if self.no_python:
+            return self.script, list(self.args)
+        mode = "--module" if self.module else "--script"
+        return sys.executable, ["-u", str(WORKER), mode, self.script, *self.args]
+
+
+def rendezvous_configs(r: Resolved) -> dict[str, Any]:
+    """torch's rdzv_configs: user entries plus who hosts the store (machine 0) or the node rank."""
+    configs: dict[str, Any] = dict(parse_rdzv_conf(r["rdzv_conf"]))
+    configs.pop("rdzv_id", None)
+    if r["rdzv_backend"] == "static":
+        configs.setdefault("rank", r["machine_rank"])
+    else:
+        # Machine 0 hosts the store; others must connect to it, never start their own (on loopback
+        # torch would otherwise guess "this is the host" on every node).
+        configs.setdefault("is_host", r["machine_rank"] == 0)
+    return configs
+
+
+def endpoint(r: Resolved) -> str:
+    return f"{r['main_process_ip']}:{r['main_process_port']}"
+
+
+def build_launch_config(r: Resolved) -> Any:
+    """The agent's LaunchConfig for this machine."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig
+
+    try:
+        tee = Std.from_str(str(r["tee"]))
+    except ValueError:
+        raise ValueError(f"--tee {r['tee']!r} must be 0, 1, 2 or 3 (or per rank, e.g. '0:3,1:1')") from None
+    run_id = parse_rdzv_conf(r["rdzv_conf"]).get("rdzv_id") or "accelerando"
+    return LaunchConfig(
+        min_nodes=r["num_machines"],
+        max_nodes=r["num_machines"],
+        nproc_per_node=r["nproc_per_node"],
+        logs_specs=DefaultLogsSpecs(log_dir=r["log_dir"], tee=tee),
+        run_id=run_id,
+        role=r["role"],
+        rdzv_endpoint=endpoint(r),
+        rdzv_backend=r["rdzv_backend"],
+        rdzv_configs=rendezvous_configs(r),
+        max_restarts=r["max_restarts"],
+        monitor_interval=r["monitor_interval"],
+        start_method="spawn",
+    )
+
+
+class _RestartNotice(logging.Handler):
+    """Shows the agent's one useful INFO line (a restart) while its other chatter stays hidden."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self._write = write
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _RESTART_MARK in record.getMessage():
+            self._write(f"accelerando launch: {record.getMessage().split('] ', 1)[-1]}")
+
+
+def quiet_agent_logs(debug: bool, write: Callable[[str], None]) -> None:
+    """Silence torch's elastic loggers unless `--debug`; keep restart notices."""
+    import torch.distributed.elastic.agent.server.api as agent_api
+    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend  # noqa: F401 - create its logger now
+    import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401
+    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous  # noqa: F401
+
+    if debug:
+        logging.basicConfig(level=logging.INFO)
+        for name in list(logging.Logger.manager.loggerDict):
+            if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+                logging.getLogger(name).setLevel(logging.INFO)
+        return
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    agent_logger = agent_api.logger
+    agent_logger.setLevel(logging.INFO)
+    agent_logger.propagate = False
+    agent_logger.handlers = [_RestartNotice(write)]
+
+
+def connect_timeout(r: Resolved) -> float:
+    """How long torch would try to reach machine 0's store: read_timeout (c10d) or timeout (static)."""
+    conf = parse_rdzv_conf(r["rdzv_conf"])
+    key, default = ("timeout", 900.0) if r["rdzv_backend"] == "static" else ("read_timeout", 60.0)
+    try:
+        return float(conf.get(key, default))
+    except ValueError:
+        raise ValueError(f"--rdzv_conf {key}={conf[key]!r} must be a number of seconds") from None
+
+
+def wait_for_main(host: str, port: int, timeout: float) -> None:
+    """Block until machine 0's rendezvous port accepts connections; TimeoutError naming it otherwise.
+
+    Done before the agent starts so that an unreachable main node gives one clear message instead
+    of torch's C++ retry dumps.
+    """
+    deadline = time.monotonic() + timeout
+    last: OSError | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"nothing accepted a connection at {host}:{port} within {timeout:g}s ({last})")
+        try:
+            with socket.create_connection((host, port), timeout=min(remaining, 5.0)):
+                return
+        except OSError as err:
+            last = err
+            time.sleep(min(0.5, max(remaining, 0)))
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run(r: Resolved, target: Target, device_type: str, write: Callable[[str], None] = _stderr) -> int:
+    """Launch the worker group on this machine and wait; returns the exit status for the CLI."""
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import launch_agent
+
+    envmod.export(envmod.launch_environment(child_exports(r, device_type)))
+    config = build_launch_config(r)
+    quiet_agent_logs(bool(r["debug"]), write)
+    if r["num_machines"] > 1:
+        write(
+            f"accelerando launch: machine {r['machine_rank']} of {r['num_machines']} joining the "
+            f"{r['rdzv_backend']} rendezvous at {endpoint(r)} with {r['nproc_per_node']} process(es)"
+        )
+    command, args = target.entrypoint()
+    try:
+        if r["machine_rank"] > 0:
+            wait_for_main(r["main_process_ip"], r["main_process_port"], connect_timeout(r))
+        launch_agent(config, command, args)
+    except ChildFailedError as err:
+        write(format_child_failure(err.failures, target.script))
+        return exit_code(err.failures)
+    except (RendezvousError, DistError, TimeoutError) as err:
+        write(format_rendezvous_failure(err, endpoint(r), r["machine_rank"], r["num_machines"]))
+        return 1
+    except SignalException as err:
+        write(f"accelerando launch: stopped by signal {err.sigval.name}; the processes were terminated")
+        return 128 + int(err.sigval)
+    return 0
+
+
+def script_args(values: Sequence[str]) -> tuple[str, ...]:
+    """Script arguments as given after the script (a leading `--` separator is dropped)."""
+    items = list(values)
+    return tuple(items[1:] if items[:1] == ["--"] else items)
