@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from accelerando import _prepare, _runtime
+from accelerando._config_views import ConfigViews
 from accelerando.config import env
 from accelerando.config.options import (
     AutocastKwargs,
@@ -31,7 +32,7 @@ from accelerando.state import AcceleratorState, GradientState, configure_gradien
 from accelerando.strategies import StrategyContext, build_strategy
 
 
-class Accelerator:
+class Accelerator(ConfigViews):
     """Run one training script on any device count: see docs/ and `../shared/reference/API.md`."""
 
     def __init__(
@@ -188,86 +189,6 @@ class Accelerator:
     @property
     def native_amp(self) -> bool:
         return self.mixed_precision in ("fp16", "bf16")
-
-    @property
-    def device_placement(self) -> bool:
-        return self.config.device_placement
-
-    @property
-    def dataloader_config(self) -> DataLoaderConfiguration:
-        return self.config.dataloader
-
-    @property
-    def split_batches(self) -> bool:
-        return self.config.dataloader.split_batches
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        return self.config.dataloader.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        return self.config.dataloader.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self.config.dataloader.even_batches = value
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        return self.config.dataloader.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.config.dataloader.non_blocking
-
-    @property
-    def use_stateful_dataloader(self) -> bool:
-        return self.config.dataloader.use_stateful_dataloader
-
-    @property
-    def project_configuration(self) -> ProjectConfiguration:
-        return self.config.project
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.config.project.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.config.project.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        return self.config.project.iteration
-
-    @property
-    def step_scheduler_with_optimizer(self) -> bool:
-        return self.config.step_scheduler_with_optimizer
-
-    @property
-    def rng_types(self) -> list[str]:
-        return list(self.config.rng_types)
-
-    @property
-    def autocast_handler(self) -> AutocastKwargs:
-        return self.config.handlers.autocast
-
-    @property
-    def ddp_handler(self) -> Any:
-        return self.config.handlers.ddp
-
-    @property
-    def scaler_handler(self) -> Any:
-        return self.config.handlers.scaler
-
-    @property
-    def init_handler(self) -> Any:
-        return self.config.handlers.init
-
-    @property
-    def profile_handler(self) -> Any:
-        return self.config.handlers.profile
 
     # ---- process control (delegates to the state view) -------------------------------------
     def wait_for_everyone(self) -> None:

@@ -175,7 +175,7 @@ def _place_next(plan: _Plan) -> None:
     size = plan.sizes.get(name, 0) + sum(plan.sizes.get(n, 0) for n, _ in partners)
     if device == "disk":
         for entry in [name, *(n for n, _ in partners)]:
-            plan.assign(entry, "disk", plan.sizes.get(entry, 0), "no memory budget left on earlier devices")
+            plan.assign(entry, "disk", plan.sizes.get(entry, 0))
         _drop(plan, partners)
         return
     reserve = plan.reserve(device, size)
@@ -194,9 +194,8 @@ def _place_next(plan: _Plan) -> None:
     if plan.fallback and _fallback(plan, device, room):
         plan.pending.insert(0, (name, module))
         return
-    plan.notes.append(
-        f"{name} ({size} B) does not fit in {room} B left on {device}: moving to the next device"
-    )
+    kept = f" after keeping {reserve} B to run offloaded layers" if reserve else ""
+    plan.notes.append(f"{name} ({size} B) does not fit in {room} B left on {device}{kept}: next device")
     plan.pending.insert(0, (name, module))
     plan.index += 1
 

@@ -76,6 +76,27 @@ def _tensors_under(model: nn.Module, name: str) -> list[str]:
     return [prefix + n for n, _ in named_module_tensors(model.get_submodule(name), recurse=True)]
 
 
+def _has_forward(module: nn.Module) -> bool:
+    return getattr(type(module).forward, "__name__", "") != "_forward_unimplemented"
+
+
+def expand_containers(model: nn.Module, device_map: Mapping[str, Any]) -> dict[str, Any]:
+    """Replace entries naming containers that are never called (ModuleList, ModuleDict) by their children.
+
+    Hooks fire on forward calls, so an offload hook must sit on modules that are called.
+    """
+    expanded: dict[str, Any] = {}
+    for name, device in device_map.items():
+        if not _is_module(model, name) or _has_forward(module := model.get_submodule(name)):
+            expanded[name] = device
+            continue
+        prefix = f"{name}." if name else ""
+        inner = {prefix + n: device for n, _ in named_module_tensors(module, recurse=False)}
+        inner.update({prefix + n: device for n, _ in module.named_children()})
+        expanded.update(expand_containers(model, inner))
+    return expanded
+
+
 def _raise_on_meta(model: nn.Module, served: set[str], what: str) -> None:
     stranded = [
         n for n, t in named_module_tensors(model, recurse=True) if t.device.type == "meta" and n not in served
@@ -232,6 +253,8 @@ def dispatch_model(
         model.to(as_torch_device(next(iter(device_map.values()))))
         model.hf_device_map = dict(device_map)  # type: ignore[assignment]
         return model
+    original_map = dict(device_map)
+    device_map = expand_containers(model, device_map)
     main = _main_device(device_map, main_device)
     offloaded = {"disk"} if _key(main) in ("cpu", "mps") else {"cpu", "disk"}
     weights = _weights_map(model, device_map, offloaded, state_dict, offload_dir, offload_index, tied)
@@ -261,7 +284,7 @@ def dispatch_model(
     if tensor_entries:
         _hook_tensor_entries(model, tensor_entries, main, weights, offload_buffers)
     _raise_on_meta(model, link_prefetch_chain(model), "dispatch_model")
-    model.hf_device_map = dict(device_map)  # type: ignore[assignment]
+    model.hf_device_map = original_map  # type: ignore[assignment]
     return model
 
 

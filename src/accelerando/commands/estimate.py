@@ -1,7 +1,151 @@
-"""placeholder"""
+"""`accelerando estimate-memory`: training memory per process, per dtype and per strategy.
+
+The model is built on the meta device (no weights are allocated or downloaded), from a local
+transformers `config.json` (or its folder) or from `module:callable`. Per parameter, with Adam:
+weights and gradients take the dtype's size; the optimizer keeps two fp32 moments, plus an fp32
+master copy when the weights are in a lower precision (the ZeRO paper's accounting). Activations
+are not included: they depend on batch size and sequence length.
+"""
+
+from __future__ import annotations
 
 import argparse
+import importlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelerando.commands._args import add_flag
+
+DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
+STRATEGIES = ("single", "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    sub.add_parser("estimate-memory")
+    parser = sub.add_parser("estimate-memory", help="estimate training memory of a model built on meta")
+    parser.add_argument("model", help="path to a transformers config.json (or its folder), or module:callable")
+    add_flag(parser, "dtypes", nargs="+", default=["float32", "bfloat16"], choices=tuple(DTYPE_BYTES),
+             help="weight dtypes to show")  # fmt: skip
+    add_flag(parser, "num_processes", type=int, default=8, help="processes that share the work (default 8)")
+    parser.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    name: str
+    parameters: int
+    largest_layer: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per process for one dtype and strategy."""
+
+    strategy: str
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def build_on_meta(spec: str) -> Any:
+    """A model whose parameters live on the meta device."""
+    import torch
+
+    path = Path(spec)
+    with torch.device("meta"):
+        if path.name == "config.json" or (path.is_dir() and (path / "config.json").is_file()):
+            from transformers import AutoConfig, AutoModel
+
+            config = AutoConfig.from_pretrained(str(path.parent if path.is_file() else path))
+            return AutoModel.from_config(config)
+        module_name, sep, attr = spec.partition(":")
+        if not sep or not attr:
+            raise ValueError(f"model {spec!r} is neither a config.json/folder nor 'module:callable'")
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # like `python -m`: modules of the current folder
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"cannot load {spec!r}: {err}") from None
+        return factory()
+
+
+def measure(model: Any, name: str) -> ModelSize:
+    """Parameter count (shared tensors once) and the largest leaf module's parameter count."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    largest = max(
+        (sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
+        default=0,
+    )
+    return ModelSize(name=name, parameters=total, largest_layer=largest)
+
+
+def estimate(parameters: int, dtype: str, strategy: str, world: int) -> Estimate:
+    """Per-process bytes for weights, gradients and Adam state under a sharding strategy."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if world < 1:
+        raise ValueError(f"num_processes={world} must be at least 1")
+    size = DTYPE_BYTES[dtype]
+    optimizer_per_param = 8.0 + (4.0 if size < 4 else 0.0)
+    w, g, o = parameters * size, parameters * size, parameters * optimizer_per_param
+    n = 1 if strategy == "single" else world
+    shards = {
+        "single": (1, 1, 1),
+        "DDP": (1, 1, 1),
+        "ZeRO-1": (1, 1, n),
+        "ZeRO-2": (1, n, n),
+        "ZeRO-3": (n, n, n),
+        "FSDP": (n, n, n),
+    }[strategy]
+    return Estimate(strategy, w / shards[0], g / shards[1], o / shards[2])
+
+
+def human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.2f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.2f} TiB"
+
+
+def table(size: ModelSize, dtypes: list[str], world: int) -> str:
+    header = ("dtype", "strategy", "weights", "gradients", "optimizer (Adam)", "total / process")
+    rows = [header]
+    for dtype in dtypes:
+        for strategy in STRATEGIES:
+            e = estimate(size.parameters, dtype, strategy, world)
+            rows.append((dtype, strategy, human(e.weights), human(e.gradients), human(e.optimizer), human(e.total)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        f"Memory for training {size.name}: {size.parameters:,} parameters, largest layer {size.largest_layer:,}; "
+        f"per process with {world} processes (single: one process); activations not included",
+    ]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    lines.append(rule)
+    for i, row in enumerate(rows):
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+        if i == 0:
+            lines.append(rule)
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = build_on_meta(args.model)
+    print(table(measure(model, args.model), list(args.dtypes), args.num_processes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(argparse.Namespace(model=sys.argv[1], dtypes=["float32"], num_processes=8)))

@@ -97,7 +97,7 @@ class BatchSamplerShard(Sampler[list[int]]):
                 "split_batches=True needs a batch sampler with a `batch_size` attribute (the global "
                 f"batch size); {type(batch_sampler).__name__} has none"
             )
-        self.spec  # validates
+        _ = self.spec  # validates the arguments
         self.skip = 0
         self.remainder = -1
 
@@ -182,7 +182,7 @@ class IterableDatasetShard(IterableDataset):
         self.process_index = process_index
         self.split_batches = split_batches
         self.even_batches = even_batches
-        self.spec  # validates
+        _ = self.spec  # validates the arguments
         self.skip = 0
         self.remainder = -1
         self.epoch = 0

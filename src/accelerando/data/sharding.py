@@ -40,6 +40,8 @@ class ShardSpec:
     drop_last: bool = False
 
     def __post_init__(self) -> None:
+        if self.world_size == 1:  # one process has nobody to be even with: never pad
+            object.__setattr__(self, "even_batches", False)
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r} must be an integer >= 1")
         if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
@@ -197,36 +199,46 @@ def round_robin_len(num_source_batches: int, spec: ShardSpec) -> int:
     return full + (1 if spec.rank < rest else 0)
 
 
-def iter_round_robin(
+def iter_rounds(
     batches: Iterable[Sequence[Any]], spec: ShardSpec, skip: int = 0, sink: list[int] | None = None
-) -> Iterator[tuple[Sequence[Any], bool]]:
-    """Deal `batches` round-robin; yield `(batch, is_padding)` for rank `spec.rank` from batch `skip`.
+) -> Iterator[tuple[list[Sequence[Any]], int]]:
+    """Group `batches` in rounds of `world_size` (one per rank); yield `(round, real)` from round `skip`.
 
-    Batches of the final, incomplete round are held back until it is known to be the final one,
-    so `drop_last` can drop it and `even_batches` can complete it with the epoch's first batches.
-    When it pads, the number of real samples in that final round is appended to `sink`.
+    The final, incomplete round is dropped (`drop_last`), completed with whole batches from the
+    start of the epoch (`even_batches`; `real` counts the batches that are not padding, and the
+    real samples of that round are appended to `sink`), or yielded short.
     """
-    n, r = spec.world_size, spec.rank
+    n = spec.world_size
     head: list[Sequence[Any]] = []
     round_: list[Sequence[Any]] = []
-    k = 0  # batches yielded (or skipped) for this rank
+    k = 0
     for batch in batches:
         if len(head) < n:
             head.append(batch)
         round_.append(batch)
         if len(round_) == n:
             if k >= skip:
-                yield round_[r], False
+                yield round_, n
             k += 1
             round_ = []
     if not round_ or spec.drop_last or k < skip:
         return
-    if spec.even_batches and sink is not None:
-        sink.append(sum(len(b) for b in round_))
-    if r < len(round_):
-        yield round_[r], False
-    elif spec.even_batches:
-        yield head[(r - len(round_)) % len(head)], True
+    real = len(round_)
+    if spec.even_batches:
+        if sink is not None:
+            sink.append(sum(len(b) for b in round_))
+        round_ = round_ + [head[i % len(head)] for i in range(n - real)]
+    yield round_, real
+
+
+def iter_round_robin(
+    batches: Iterable[Sequence[Any]], spec: ShardSpec, skip: int = 0, sink: list[int] | None = None
+) -> Iterator[tuple[Sequence[Any], bool]]:
+    """Rank `spec.rank`'s batches when `batches` are dealt round-robin: `(batch, is_padding)`."""
+    r = spec.rank
+    for round_, real in iter_rounds(batches, spec, skip, sink):
+        if r < len(round_):
+            yield round_[r], r >= real
 
 
 def split_batch_len(batch_len: int, spec: ShardSpec) -> int:

@@ -27,20 +27,20 @@ from types import TracebackType  # noqa: E402
 _SKIP = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
 
-def _user_frames(tb: TracebackType | None) -> TracebackType | None:
-    """Drop the leading frames of this file and of runpy, which only add noise."""
+def _user_frames(tb: TracebackType | None, skip: frozenset[str] = frozenset()) -> TracebackType | None:
+    """Drop the leading frames of this file and of runpy (and `skip`), which only add noise."""
     def name(frame_tb: TracebackType) -> str:
         filename = frame_tb.tb_frame.f_code.co_filename
         return filename if filename.startswith("<") else os.path.abspath(filename)
 
-    while tb is not None and name(tb) in _SKIP:
+    while tb is not None and (name(tb) in _SKIP or name(tb) in skip):
         tb = tb.tb_next
     return tb
 
 
-def record(exc: BaseException) -> str:
+def record(exc: BaseException, skip: frozenset[str] = frozenset()) -> str:
     """Print the traceback and write it where the agent looks for it; returns the text."""
-    text = "".join(traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__)))
+    text = "".join(traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__, skip)))
     rank = os.environ.get("RANK", "?")
     sys.stderr.write(f"[rank {rank}] {text}")
     sys.stderr.flush()

@@ -18,6 +18,11 @@ def _rebuild(obj: Any, items: list[Any]) -> Any:
     return type(obj)(items)
 
 
+def _mapping_type(obj: Mapping) -> Any:
+    """The constructor to rebuild a mapping of the same type (dict, OrderedDict, BatchEncoding, ...)."""
+    return type(obj)
+
+
 def recursively_apply(
     func: Callable[..., Any],
     data: Any,
@@ -38,7 +43,7 @@ def recursively_apply(
             ],
         )
     if isinstance(data, Mapping):
-        return type(data)(
+        return _mapping_type(data)(
             {
                 k: recursively_apply(
                     func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
@@ -118,7 +123,7 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, (list, tuple)):
         return _rebuild(first, [concatenate([d[i] for d in data], dim) for i in range(len(first))])
     if isinstance(first, Mapping):
-        return type(first)({k: concatenate([d[k] for d in data], dim) for k in first})
+        return _mapping_type(first)({k: concatenate([d[k] for d in data], dim) for k in first})
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"can only concatenate tensors, got {type(first).__name__}")
     return torch.cat(data, dim=dim)

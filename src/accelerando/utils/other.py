@@ -21,7 +21,7 @@ def extract_model_from_parallel(
     while isinstance(model, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
         model = model.module
     if not keep_torch_compile and hasattr(model, "_orig_mod"):
-        model = model._orig_mod
+        model = model._orig_mod  # type: ignore[assignment]
     if not keep_fp32_wrapper:
         restore_forward(model)
     return model

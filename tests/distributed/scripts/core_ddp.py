@@ -1,9 +1,11 @@
 """2-rank checks of the core, in one launch: DDP parity, accumulation, collectives, control."""
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
-from accelerando import Accelerator
+from accelerando import Accelerator, InitProcessGroupKwargs
 from accelerando.state import PartialState, reset_runtime
 from accelerando.utils import gather_object
 
@@ -161,9 +163,27 @@ def check_join_uneven_inputs(acc):
             opt.zero_grad()
 
 
+def check_trigger_sync_in_backward(acc):
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    x = torch.full((1, 2), float(acc.process_index + 1))
+    with acc.no_sync(model):
+        first = model(x).sum()
+        second = model(x).sum()
+        with acc.trigger_sync_in_backward(model):
+            (first + second).backward()
+    grads = acc.gather(model.module.weight.grad[None])
+    assert torch.equal(grads[0], grads[1]), grads  # all-reduced although inside no_sync
+
+
 def main():
-    acc = Accelerator()
+    timeout = timedelta(seconds=77)
+    acc = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)])
     assert dist.is_initialized() and dist.get_backend() == "gloo"
+    pg = dist.distributed_c10d._get_default_group()
+    assert pg._get_backend(torch.device("cpu")).options._timeout == timeout
+    check_trigger_sync_in_backward(acc)
     check_ddp_equals_full_batch(acc)
     check_collectives(acc)
     check_control(acc)

@@ -216,3 +216,15 @@ def test_compile_in_place_keeps_state_dict_keys():
     assert torch.allclose(
         model(torch.ones(1, 3)), torch.nn.functional.linear(torch.ones(1, 3), model.weight, model.bias)
     )
+
+
+def test_rich_tracebacks_are_opt_in():
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys, accelerando; print(sys.excepthook.__module__)"
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    env = {**os.environ, "ACCELERATE_ENABLE_RICH": "1"}
+    rich = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert "rich" not in plain and "rich" in rich

@@ -1,0 +1,280 @@
+"""`Checkpointer`: what `Accelerator.save_state` / `load_state` do, in two phases each.
+
+Saving: gather state dicts, stage every file beside the target, flush, write the manifest last and
+rename into place (see `atomic.py`). Loading: validate the manifest, read and check every file into
+memory, and only then apply it to the live objects, so a bad checkpoint changes nothing.
+The on-disk layout is documented in docs/checkpointing.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from accelerando.checkpoint import atomic, naming, rng
+from accelerando.checkpoint import state_dict as sd_io
+from accelerando.checkpoint.atomic import CheckpointError
+from accelerando.checkpoint.layout import Layout
+from accelerando.utils.constants import SCALER_NAME
+
+logger = logging.getLogger(__name__)
+STATE_NAME = "accelerando_state.json"
+
+
+class Checkpointer:
+    """Checkpoint I/O for one `Accelerator`; reads its prepared objects, never owns them."""
+
+    def __init__(self, accelerator: Any) -> None:
+        self.acc = accelerator
+        self._save_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._load_hooks: OrderedDict[int, Callable] = OrderedDict()
+
+    # ---- hooks -----------------------------------------------------------------------------
+    def register_save_state_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """`hook(models, weights, output_dir)` before files are written; popping from `weights`
+        skips saving those (the hook wrote its own files into `output_dir`, the staging directory)."""
+        handle = RemovableHandle(self._save_hooks)
+        self._save_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """`hook(models, input_dir)` after validation, before loading; popping from `models`
+        skips loading them."""
+        handle = RemovableHandle(self._load_hooks)
+        self._load_hooks[handle.id] = hook
+        return handle
+
+    # ---- process roles -----------------------------------------------------------------------
+    @property
+    def _rank(self) -> int:
+        return int(self.acc.process_index)
+
+    @property
+    def _is_writer(self) -> bool:
+        """Writes the shared files: the main process, or each node's local main with save_on_each_node."""
+        if self.acc.project_configuration.save_on_each_node:
+            return bool(self.acc.local_process_index == 0)
+        return self._rank == 0
+
+    # ---- save ------------------------------------------------------------------------------
+    def _resolve_output_dir(self, output_dir: str | None) -> tuple[Path, Path | None]:
+        project = self.acc.project_configuration
+        if project.automatic_checkpoint_naming:
+            if output_dir is not None:
+                logger.warning("automatic_checkpoint_naming is on: output_dir=%r is ignored", output_dir)
+            root = naming.checkpoints_root(project.project_dir)
+            target = root / naming.checkpoint_name(project.iteration)
+            if atomic.is_complete(target):
+                raise ValueError(
+                    f"checkpoint {str(target)!r} already exists; set "
+                    "accelerator.project_configuration.iteration to a new value or load_state() first"
+                )
+            return target, root
+        if output_dir is None:
+            raise ValueError(
+                "save_state needs output_dir, or ProjectConfiguration(project_dir=..., "
+                "automatic_checkpoint_naming=True)"
+            )
+        return Path(output_dir), None
+
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any) -> str:
+        """Write every prepared and registered object's state atomically; returns the folder."""
+        if kwargs:
+            raise TypeError(f"save_state got unsupported arguments {sorted(kwargs)}; accepted: output_dir, "
+                            "safe_serialization")
+        target, root = self._resolve_output_dir(output_dir)
+        limit = self.acc.project_configuration.total_limit
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"ProjectConfiguration.total_limit must be an integer >= 1 or None, got {limit!r}")
+        if self.acc._runtime.gradient.step_in_window != 0:
+            logger.warning("save_state inside an accumulation window: the accumulated gradients are not saved")
+        strategy = self.acc.strategy
+        layout = Layout(safe_serialization=safe_serialization)
+        models = list(self.acc._models)
+        weights = [] if strategy.sharded_checkpoint else [strategy.model_state_dict(m, full=True) for m in models]
+        stage = atomic.StagedCheckpoint(target, is_writer=self._is_writer).open()
+        error: BaseException | None = None
+        try:
+            for hook in list(self._save_hooks.values()):
+                hook(models, weights, str(stage.path))
+            self._write_all(stage, layout, models, weights)
+        except BaseException as err:  # noqa: BLE001 - every rank must learn of the failure first
+            error = err
+        if atomic.any_rank(error is not None):
+            stage.abort()
+            if error is not None:
+                raise error
+            raise CheckpointError(f"another rank failed while saving {str(target)!r}; the previous checkpoint is intact")
+        stage.publish(self.acc.num_processes, extra={"layout": layout.describe()})
+        if root is not None:
+            self.acc.project_configuration.iteration += 1
+            if self._is_writer:
+                naming.enforce_total_limit(root, limit)
+            atomic.barrier()
+        return str(target)
+
+    def _write_all(self, stage: atomic.StagedCheckpoint, layout: Layout, models: list[Any], weights: list[Any]) -> None:
+        strategy = self.acc.strategy
+        writer = self._is_writer
+        if strategy.sharded_checkpoint:
+            self._write_sharded(stage, layout, models)
+        elif writer:
+            aligned = len(weights) == len(models)  # a save hook may have taken some weights over
+            for i, sd in enumerate(weights):
+                drop = sd_io.tied_targets(strategy.unwrap(models[i])) if aligned else set()
+                stage.write(layout.model(i), lambda p, sd=sd, d=drop: sd_io.write_model_file(p, sd, layout.safe, d))
+        optimizer_states = [] if strategy.sharded_checkpoint else [
+            strategy.optimizer_state_dict(self._owner(opt), opt.optimizer, full=True) for opt in self.acc._optimizers
+        ]
+        if writer:
+            for i, state in enumerate(optimizer_states):
+                stage.write(layout.optimizer(i), lambda p, s=state: sd_io.write_data_file(p, s))
+            for i, sched in enumerate(self.acc._schedulers):
+                stage.write(layout.scheduler(i), lambda p, s=sched.state_dict(): sd_io.write_data_file(p, s))
+            scaler_state = self.acc.precision.state_dict()
+            if scaler_state:
+                stage.write(SCALER_NAME, lambda p: sd_io.write_data_file(p, scaler_state))
+            loader_notes = []
+            for i, dl in enumerate(self.acc._dataloaders):
+                state, note = _loader_state(dl)
+                loader_notes.append(note)
+                stage.write(layout.dataloader(i), lambda p, s=state: sd_io.write_data_file(p, s))
+            for i, obj in enumerate(self.acc._custom_objects):
+                stage.write(layout.custom(i), lambda p, s=obj.state_dict(): sd_io.write_data_file(p, s))
+            meta = self._counters(layout, loader_notes, len(weights) if weights else len(models))
+            stage.write(STATE_NAME, lambda p: p.write_text(json.dumps(meta, indent=1)))
+        rng_state = rng.capture_rng_state(self.acc._runtime.device_kind)
+        stage.write(layout.rng(self._rank), lambda p: sd_io.write_data_file(p, rng_state))
+
+    def _write_sharded(self, stage: atomic.StagedCheckpoint, layout: Layout, models: list[Any]) -> None:
+        """DCP from every rank into the staging directory; each rank records the files it wrote."""
+        strategy = self.acc.strategy
+        rank = self._rank
+
+        def mine(fname: str) -> bool:
+            return fname.startswith(f"__{rank}_") or (rank == 0 and not fname.startswith("__"))
+
+        for i, model in enumerate(models):
+            sd_io.save_sharded(stage.path / layout.sharded_model(i), {"model": strategy.model_state_dict(model, full=False)})
+            stage.track_tree(layout.sharded_model(i), mine)
+        for i, opt in enumerate(self.acc._optimizers):
+            state = strategy.optimizer_state_dict(self._owner(opt), opt.optimizer, full=False)
+            sd_io.save_sharded(stage.path / layout.sharded_optimizer(i), {"optimizer": state})
+            stage.track_tree(layout.sharded_optimizer(i), mine)
+
+    def _counters(self, layout: Layout, loader_notes: list[str], n_models: int) -> dict[str, Any]:
+        g = self.acc._runtime.gradient
+        return {
+            "step": int(self.acc.step),
+            "gradient": {"step_in_window": g.step_in_window, "window_size": g.window_size,
+                         "sync_gradients": bool(g.sync_gradients)},
+            "iteration": int(self.acc.project_configuration.iteration),
+            "world_size": int(self.acc.num_processes),
+            "counts": {"models": n_models, "optimizers": len(self.acc._optimizers),
+                       "schedulers": len(self.acc._schedulers), "dataloaders": len(self.acc._dataloaders),
+                       "custom_objects": len(self.acc._custom_objects)},
+            "sharded": bool(self.acc.strategy.sharded_checkpoint),
+            "layout": layout.describe(),
+            "dataloaders": loader_notes,
+            "mixed_precision": str(self.acc.mixed_precision),
+            "torch_version": torch.__version__,
+        }
+
+    def _owner(self, optimizer: Any) -> torch.nn.Module | None:
+        """The prepared model whose parameters the optimizer updates (strategies need the pair)."""
+        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        for model in self.acc._models:
+            if any(id(p) in params for p in model.parameters()):
+                return model
+        return self.acc._models[0] if len(self.acc._models) == 1 else None
+
+    # ---- load ------------------------------------------------------------------------------
+    def _resolve_input_dir(self, input_dir: str | None) -> Path:
+        project = self.acc.project_configuration
+        if input_dir is not None:
+            return Path(input_dir)
+        if not project.automatic_checkpoint_naming:
+            raise ValueError("load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
+        root = naming.checkpoints_root(project.project_dir)
+        latest = naming.latest_checkpoint(root)
+        if latest is None:
+            raise CheckpointError(f"no complete checkpoint under {str(root)!r}")
+        return latest
+
+    def load_state(
+        self, input_dir: str | None = None, *, verify: str = "full", load_kwargs: dict[str, Any] | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> str:
+        """Validate, read everything, then apply; a damaged checkpoint leaves the live state unchanged."""
+        from accelerando.checkpoint.loading import apply_payload, read_payload
+
+        unknown = set(load_model_func_kwargs) - {"strict"}
+        if unknown:
+            raise TypeError(f"load_state got unsupported arguments {sorted(unknown)}; accepted: input_dir, "
+                            "verify, load_kwargs, strict")
+        strict = bool(load_model_func_kwargs.get("strict", True))
+        directory = self._resolve_input_dir(input_dir)
+        problem = None
+        if self.acc.local_process_index == 0 and verify != "none":
+            try:
+                atomic.validate_checkpoint(directory, verify=verify)
+            except CheckpointError as err:
+                problem = str(err)
+        problems = [p for p in atomic.all_gather_object(problem) if p]
+        if problems:
+            raise CheckpointError(problems[0])
+        models = list(self.acc._models)
+        for hook in list(self._load_hooks.values()):
+            hook(models, str(directory))
+        payload, error = None, None
+        try:
+            payload = read_payload(self, directory, models, strict=strict)
+        except Exception as err:  # noqa: BLE001 - all ranks must agree before any of them applies
+            error = err
+        if atomic.any_rank(error is not None):
+            if error is not None:
+                raise error
+            raise CheckpointError(f"another rank could not read {str(directory)!r}; nothing was loaded")
+        assert payload is not None
+        apply_payload(self, payload)
+        if self.acc.project_configuration.automatic_checkpoint_naming:
+            self.acc.project_configuration.iteration = int(payload.meta.get("iteration", -1)) + 1
+        return str(directory)
+
+    # ---- models ------------------------------------------------------------------------------
+    def save_model(self, model: torch.nn.Module, save_directory: str, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        from accelerando.checkpoint import model_io
+
+        model_io.save_model(self.acc, model, save_directory, max_shard_size, safe_serialization)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        from accelerando.checkpoint import model_io
+
+        model_io.save(self.acc, obj, f, safe_serialization=safe_serialization)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        from accelerando.checkpoint import model_io
+
+        return model_io.get_state_dict(self.acc, model, unwrap=unwrap)
+
+    def wait(self) -> None:
+        """Saves are synchronous today; kept so an asynchronous checkpointer can slot in."""
+
+
+def _loader_state(dl: Any) -> tuple[dict[str, Any], str]:
+    """A loader's position: its own `state_dict()` when it has one, else the sampler epoch at best."""
+    if hasattr(dl, "state_dict") and hasattr(dl, "load_state_dict"):
+        return {"kind": "state_dict", "state": dl.state_dict()}, "state_dict"
+    for holder in (dl, getattr(dl, "sampler", None), getattr(getattr(dl, "batch_sampler", None), "sampler", None)):
+        epoch = getattr(holder, "epoch", None)
+        if isinstance(epoch, int):
+            return {"kind": "epoch", "epoch": epoch}, "epoch only: this loader has no state_dict()"
+    return {"kind": "none"}, "not saved: this loader has no state_dict() and no epoch"

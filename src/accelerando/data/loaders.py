@@ -1,0 +1,315 @@
+"""Prepared data loaders: one pass = look ahead one batch, place it, keep the gradient state informed.
+
+`PreparedLoaderMixin` holds everything a prepared loader promises the rest of the library
+(`end_of_dataloader`, `remainder`, `batches_yielded`, exact `len`, `set_epoch`, `state_dict`); the
+concrete classes only say where batches come from: this process's shard (`DataLoaderShard`) or
+rank 0 (`dispatch.DataLoaderDispatcher`). Each has a torchdata `StatefulDataLoader` twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from accelerando.data.sharding import num_samples_of_rank as sh_num_samples
+from accelerando.data.sharding import remainder as sh_remainder
+from accelerando.ops.tree import send_to_device
+
+try:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+except ImportError:  # pragma: no cover - torchdata is optional
+    StatefulDataLoader = None  # type: ignore[assignment,misc]
+
+_END = object()
+STATE_VERSION = 1
+
+
+@dataclass
+class Progress:
+    """Epoch and shuffle seed, shared by a prepared loader and the views `skip_first_batches` makes."""
+
+    seed: int
+    epoch: int = 0
+
+
+def worker_seed(seed: int, epoch: int, rank: int) -> int:
+    """Base seed of the DataLoader workers: differs per rank and epoch, reproducible, drawn from nothing."""
+    state = np.random.SeedSequence([seed % 2**64, epoch, rank]).generate_state(2, np.uint32)
+    return int(state[0]) << 31 | int(state[1]) >> 1
+
+
+class DataLoaderStateMixin:
+    """End-of-data bookkeeping read by `GradientState` (Accelerate's name and attributes)."""
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+    batches_yielded: int = 0
+    gradient_state: Any = None
+
+    def reset(self) -> None:
+        self.end_of_dataloader = False
+        self.remainder = -1
+        self.batches_yielded = 0
+
+    def begin(self) -> None:
+        self.reset()
+        if self.gradient_state is not None:
+            self.gradient_state._add_dataloader(self)
+
+    def end(self) -> None:
+        if self.gradient_state is not None:
+            self.gradient_state._remove_dataloader(self)
+
+
+class PreparedLoaderMixin(DataLoaderStateMixin):
+    """The behaviour shared by every prepared loader; subclasses provide `_source` and `_full_length`."""
+
+    device: torch.device | None = None
+    _progress: Progress
+    _start: int = 0  # absolute batch at which the next pass starts (resume / skip_first_batches)
+    _pass_start: int = 0
+    _open: bool = False  # the last pass started and did not finish: position = pass start + yielded
+    _stateful: bool = False
+    _yield_state: Any = None
+    _pending_state: Any = None
+
+    def _setup(
+        self,
+        *,
+        progress: Progress,
+        rank: int,
+        device: torch.device | None,
+        put_on_device: bool,
+        non_blocking: bool,
+        gradient_state: Any,
+        total_batch_size: int | None,
+        total_dataset_length: int | None,
+    ) -> None:
+        self._progress = progress
+        self._rank = rank
+        self.device = device
+        self._move = bool(put_on_device and device is not None and torch.device(device).type != "cpu")
+        self._non_blocking = non_blocking
+        self.gradient_state = gradient_state
+        self._total_batch_size = total_batch_size
+        self._total_dataset_length = total_dataset_length
+        self._stateful = StatefulDataLoader is not None and isinstance(self, StatefulDataLoader)
+        self.reset()
+
+    # -- what subclasses provide ---------------------------------------------------------------
+    def _source(self, start: int) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def _full_length(self) -> int:
+        raise NotImplementedError
+
+    def _final_remainder(self) -> int:
+        return -1
+
+    def _apply_epoch(self, epoch: int) -> None:
+        """Tell the sampler / dataset which epoch the coming pass is."""
+
+    # -- public surface ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return max(self._full_length() - self._start, 0)
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per step over all processes."""
+        return self._total_batch_size
+
+    @property
+    def total_dataset_length(self) -> int | None:
+        return self._total_dataset_length
+
+    @property
+    def seed(self) -> int:
+        return self._progress.seed
+
+    @property
+    def epoch(self) -> int:
+        return self._progress.epoch
+
+    @property
+    def iteration(self) -> int:  # Accelerate's name for the epoch counter
+        return self._progress.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch of the next pass: its order is a function of (seed, epoch) only."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"set_epoch({epoch!r}): the epoch must be an integer >= 0")
+        self._progress.epoch = epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        self._prepare_pass()
+        self.begin()
+        completed = False
+        try:
+            yield from self._iterate(self._source(self._pass_start))
+            completed = True
+        finally:
+            self.end()
+            self._start = 0
+            if completed:
+                self._open = False
+                self._progress.epoch += 1
+                self.batches_yielded = 0
+                self._yield_state = None
+
+    def _prepare_pass(self) -> None:
+        self._pass_start = self._start
+        self._open = True
+        epoch = self._progress.epoch
+        self._apply_epoch(epoch)
+        gen = getattr(self, "_worker_generator", None)
+        if gen is not None:
+            gen.manual_seed(worker_seed(self._progress.seed, epoch, self._rank))
+
+    def _iterate(self, source: Iterator[Any]) -> Iterator[Any]:
+        current = next(source, _END)
+        if current is _END:
+            self.end_of_dataloader = True
+            self.remainder = self._final_remainder()
+            return
+        while True:
+            snapshot = self._snapshot()
+            nxt = next(source, _END)
+            self.batches_yielded += 1
+            if nxt is _END:
+                self.end_of_dataloader = True
+                self.remainder = self._final_remainder()
+            self._yield_state = snapshot
+            yield send_to_device(current, self.device, self._non_blocking) if self._move else current
+            if nxt is _END:
+                return
+            current = nxt
+
+    # -- checkpointing ---------------------------------------------------------------------------
+    def _snapshot(self) -> Any:
+        """State of the underlying loader right after the current batch (stateful loaders only)."""
+        return StatefulDataLoader.state_dict(self) if self._stateful else None  # type: ignore[arg-type]
+
+    def _position(self) -> int:
+        return self._pass_start + self.batches_yielded if self._open else self._start
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, position in it and seed (plus torchdata's own state for a stateful loader)."""
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "epoch": self._progress.epoch,
+            "batches": self._position(),
+            "seed": self._progress.seed,
+        }
+        if self._stateful:
+            inner = self._yield_state if self._open else self._pending_state
+            state["loader"] = inner if inner is not None else StatefulDataLoader.state_dict(self)  # type: ignore[arg-type]
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume: the next pass yields exactly the batches the saved loader had not yet yielded."""
+        missing = {"epoch", "batches", "seed"} - set(state_dict)
+        if missing:
+            raise ValueError(f"load_state_dict: not a prepared-loader state, missing {sorted(missing)}")
+        self._progress.epoch = int(state_dict["epoch"])
+        self._progress.seed = int(state_dict["seed"])
+        self._start = int(state_dict["batches"])
+        self._open = False
+        self._yield_state = None
+        if self._stateful and state_dict.get("loader") is not None:
+            self._pending_state = state_dict["loader"]
+            StatefulDataLoader.load_state_dict(self, state_dict["loader"])  # type: ignore[arg-type]
+
+
+class DataLoaderShard(PreparedLoaderMixin, DataLoader):
+    """This process's share of a DataLoader, as a DataLoader (Accelerate's name).
+
+    `_shard` is the `BatchSamplerShard` or `IterableDatasetShard` doing the index math; the
+    DataLoader machinery (workers, collate, pin memory) is torch's, untouched.
+    """
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        if use_stateful_dataloader and StatefulDataLoader is None:
+            raise ImportError("use_stateful_dataloader=True needs torchdata>=0.8: pip install torchdata")
+        if use_stateful_dataloader and cls is DataLoaderShard:
+            cls = StatefulDataLoaderShard
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | None = None,
+        *,
+        shard: Any,
+        progress: Progress,
+        rank: int = 0,
+        put_on_device: bool = True,
+        non_blocking: bool = False,
+        gradient_state: Any = None,
+        total_batch_size: int | None = None,
+        total_dataset_length: int | None = None,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self._worker_generator = torch.Generator()
+        kwargs["generator"] = self._worker_generator
+        super().__init__(dataset, **kwargs)
+        self._shard = shard
+        self._setup(
+            progress=progress,
+            rank=rank,
+            device=device,
+            put_on_device=put_on_device,
+            non_blocking=non_blocking,
+            gradient_state=gradient_state,
+            total_batch_size=total_batch_size,
+            total_dataset_length=total_dataset_length,
+        )
+
+    @property
+    def even_batches(self) -> bool:
+        return bool(self._shard.even_batches)
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        """Takes effect on the next pass (`join_uneven_inputs` flips it for evaluation)."""
+        self._shard.even_batches = bool(value)
+
+    def get_sampler(self) -> Any:
+        inner = getattr(self._shard, "batch_sampler", None)
+        return getattr(inner, "sampler", inner)
+
+    def _apply_epoch(self, epoch: int) -> None:
+        self._shard.set_epoch(epoch)
+
+    def _full_length(self) -> int:
+        shard = self._shard
+        if hasattr(shard, "full_length"):
+            return int(shard.full_length())
+        spec = shard.spec
+        return -(-sh_num_samples(len(shard.dataset), spec) // spec.per_rank)
+
+    def _final_remainder(self) -> int:
+        rem = int(getattr(self._shard, "remainder", -1))
+        if rem < 0 and self._total_dataset_length is not None:
+            return sh_remainder(self._total_dataset_length, self._shard.spec)
+        return rem
+
+    def _source(self, start: int) -> Iterator[Any]:
+        restoring = self._stateful and self._pending_state is not None
+        self._pending_state = None
+        self._shard.skip = 0 if restoring else start
+        return iter(super(PreparedLoaderMixin, self).__iter__())
+
+
+if StatefulDataLoader is not None:
+
+    class StatefulDataLoaderShard(DataLoaderShard, StatefulDataLoader):  # type: ignore[misc,valid-type]
+        """`DataLoaderShard` backed by torchdata's `StatefulDataLoader` (`use_stateful_dataloader=True`)."""
+
+else:  # pragma: no cover
+    StatefulDataLoaderShard = None  # type: ignore[assignment,misc]

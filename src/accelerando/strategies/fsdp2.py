@@ -1,0 +1,327 @@
+"""Fully sharded data parallel through FSDP2 (`torch.distributed.fsdp.fully_shard`, DTensor).
+
+Each rank keeps 1/world of every parameter, gradient and optimizer state. `prepare` receives all
+models and optimizers at once because sharding replaces the parameters: optimizers created before
+`prepare` (as in every Accelerate example) are re-bound to the sharded parameters by name.
+Composition order: activation checkpointing -> units -> root -> loading rank 0's weights ->
+optimizer re-binding (DESIGN.md principle 8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from accelerando.config.fsdp import SHARDED_STATE_DICT, FullyShardedDataParallelPlugin, warn_once
+from accelerando.config.options import DistributedType
+from accelerando.parallel.activation_checkpointing import apply_activation_checkpointing
+from accelerando.strategies import fsdp_loading
+from accelerando.strategies.base import Capabilities, Strategy, StrategyContext
+from accelerando.strategies.fsdp_wrap import WrapPlan, plan_wrapping
+
+
+def _inner(model: torch.nn.Module) -> torch.nn.Module:
+    """The module that holds the parameters (a `torch.compile` wrapper keeps it as `_orig_mod`)."""
+    return getattr(model, "_orig_mod", model)
+
+
+def _is_fsdp(module: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+class FSDP2Strategy(Strategy):
+    name = "fsdp2"
+    capabilities = Capabilities(
+        prepares_model_and_optimizer_together=True,
+        shards_parameters=True,
+        owns_mixed_precision=True,
+    )
+
+    def __init__(self, ctx: StrategyContext, plugin: FullyShardedDataParallelPlugin | None = None) -> None:
+        super().__init__(ctx)
+        if plugin is not None and not isinstance(plugin, FullyShardedDataParallelPlugin):
+            raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}")
+        self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
+        self._mesh: Any = None
+        self._models: list[torch.nn.Module] = []
+        self.plans: list[WrapPlan] = []
+        self._checked: set[int] = set()
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.FSDP
+
+    @property
+    def sharding(self) -> bool:
+        """Without a process group (a single plain process) there is nothing to shard over."""
+        return dist.is_available() and dist.is_initialized()
+
+    def setup_environment(self) -> None:
+        if not self.sharding:
+            warn_once("FSDP without a process group (one process): the model is trained unsharded")
+
+    # ---- prepare ----------------------------------------------------------------------------
+    def mesh(self) -> Any:
+        """1-D mesh over all ranks; HYBRID_SHARD: (replicate across nodes, shard within a node)."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            world = dist.get_world_size()
+            if self.plugin.hybrid_shard:
+                from accelerando import _runtime
+
+                local = _runtime.require_runtime().topology.local_world_size or world
+                if world % local:
+                    raise ValueError(f"HYBRID_SHARD needs world size {world} divisible by {local} ranks per node")
+                self._mesh = init_device_mesh(
+                    self.ctx.device.type, (world // local, local), mesh_dim_names=("replicate", "shard")
+                )
+            else:
+                self._mesh = init_device_mesh(self.ctx.device.type, (world,), mesh_dim_names=("shard",))
+        return self._mesh
+
+    def prepare(
+        self,
+        models: list[torch.nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        *,
+        evaluation_mode: bool = False,
+    ) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
+        """Shard every model, then point every optimizer at the sharded parameters."""
+        names = _parameter_names(models)
+        prepared = [self.wrap_model(m, evaluation_mode=evaluation_mode) for m in models]
+        for optimizer in optimizers:
+            rebind_optimizer(optimizer, names, prepared)
+        return prepared, optimizers
+
+    def wrap_model(self, model: torch.nn.Module, *, evaluation_mode: bool = False) -> torch.nn.Module:
+        target = _inner(model)
+        if _is_fsdp(target) or not self.sharding:
+            self._models.append(model)
+            return model
+        from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        plugin = self.plugin
+        plan = plan_wrapping(target, plugin)
+        self.plans.append(plan)
+        if plugin.verbose and dist.get_rank() == 0:
+            print(f"[accelerando fsdp] {type(target).__name__}: {len(plan.modules)} units + root ({plan.reason})")
+        for param in target.parameters():
+            param._accelerando_replaced = True  # type: ignore[attr-defined]
+        kept = self._before_sharding(target)
+        if plugin.activation_checkpointing:
+            apply_activation_checkpointing(plan.modules or [target])
+        mp = plugin.mixed_precision_policy or self.ctx.precision.fsdp_mixed_precision() or MixedPrecisionPolicy()
+        kwargs: dict[str, Any] = {
+            "mesh": self.mesh(),
+            "reshard_after_forward": plugin.reshard_after_forward,
+            "mp_policy": mp,
+            "offload_policy": plugin.cpu_offload or OffloadPolicy(),
+        }
+        ignored = plugin.ignored_parameters(target)
+        if ignored:
+            kwargs["ignored_params"] = ignored
+        for module in plan.modules:
+            fully_shard(module, **kwargs)
+        fully_shard(target, **kwargs)
+        if plugin.forward_prefetch and len(plan.modules) > 1:
+            for current, following in zip(plan.modules, plan.modules[1:]):
+                current.set_modules_to_forward_prefetch([following])  # type: ignore[operator]
+        if kept is not None:
+            fsdp_loading.materialize_from_rank0(target, kept, self.ctx.device)
+        self._models.append(model)
+        return model
+
+    def _before_sharding(self, model: torch.nn.Module) -> fsdp_loading.Rank0Weights | None:
+        """Rank 0's weights reach every rank either after sharding (RAM-efficient) or before (sync)."""
+        if self.plugin.cpu_ram_efficient_loading:
+            return fsdp_loading.move_to_meta(model, dist.get_rank())
+        if fsdp_loading.has_meta_tensors(model):
+            raise ValueError(
+                "the model has parameters on the meta device; set cpu_ram_efficient_loading=True "
+                "(FSDP_CPU_RAM_EFFICIENT_LOADING=1) so rank 0's weights are loaded into every rank's shards"
+            )
+        if self.plugin.sync_module_states:
+            fsdp_loading.broadcast_module_states(model)
+        return None
+
+    # ---- training step ----------------------------------------------------------------------
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> bool:
+        if id(optimizer) not in self._checked:
+            stale = [p for g in optimizer.param_groups for p in g["params"] if getattr(p, "_accelerando_replaced", 0)]
+            if stale:
+                raise ValueError(
+                    f"this optimizer holds {len(stale)} parameters that FSDP replaced with shards; pass the "
+                    "optimizer to the same accelerator.prepare(model, optimizer) call, or create it after prepare"
+                )
+            self._checked.add(id(optimizer))
+        return super().optimizer_step(optimizer, closure)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Gradients accumulate unsharded on this rank; the next synced backward reduce-scatters them."""
+        target = _inner(model)
+        if not _is_fsdp(target):
+            yield
+            return
+        target.set_requires_gradient_sync(False)  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            target.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """The norm over the whole (unsharded) gradient, computed from the shards; returns a plain tensor."""
+        params = [p for p in parameters if p.grad is not None]
+        total = total_grad_norm([p.grad for p in params], norm_type)  # type: ignore[misc]
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        with torch.no_grad():
+            for p in params:
+                grad = _local(p.grad)
+                grad.mul_(coef.to(grad.device, grad.dtype))
+        return total
+
+    def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
+        with torch.no_grad():
+            for p in parameters:
+                if p.grad is not None:
+                    _local(p.grad).clamp_(-clip_value, clip_value)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model  # FSDP2 shards in place: the user's module is the prepared one
+
+    # ---- checkpoint hooks -------------------------------------------------------------------
+    @property
+    def sharded_checkpoint(self) -> bool:
+        return self.sharding and self.plugin.state_dict_type == SHARDED_STATE_DICT
+
+    def _options(self, full: bool, **extra: Any) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        if not self.sharding:
+            return StateDictOptions(**{k: v for k, v in extra.items() if k == "strict"})
+        if full:
+            extra.setdefault("cpu_offload", True)
+        return StateDictOptions(full_state_dict=full, **extra)
+
+    def model_state_dict(self, model: torch.nn.Module, *, full: bool = True) -> dict[str, Any]:
+        """full: gathered tensor by tensor onto rank 0's CPU (others get {}); else this rank's DTensors."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(_inner(model), options=self._options(full))
+
+    def load_model_state_dict(
+        self, model: torch.nn.Module, state_dict: dict[str, Any], *, full: bool = True, strict: bool = True
+    ) -> Any:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        extra: dict[str, Any] = {"strict": strict}
+        if full and self.sharding:
+            extra.update(broadcast_from_rank0=True, cpu_offload=False)
+        return set_model_state_dict(_inner(model), state_dict, options=self._options(full, **extra))
+
+    def optimizer_state_dict(
+        self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, *, full: bool = True
+    ) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        optimizer = _raw_optimizer(optimizer)
+        owner = self._owner(model, optimizer)
+        return get_optimizer_state_dict(owner, optimizer, options=self._options(full))
+
+    def load_optimizer_state_dict(
+        self,
+        model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer,
+        state_dict: dict[str, Any],
+        *,
+        full: bool = True,
+    ) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        optimizer = _raw_optimizer(optimizer)
+        owner = self._owner(model, optimizer)
+        extra: dict[str, Any] = {"broadcast_from_rank0": True, "cpu_offload": False} if full and self.sharding else {}
+        set_optimizer_state_dict(owner, optimizer, state_dict, options=self._options(full, **extra))
+
+    def _owner(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+        """The prepared model whose parameters this optimizer updates (the hooks may pass None)."""
+        if model is not None:
+            return _inner(model)
+        wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for candidate in self._models:
+            if any(id(p) in wanted for p in candidate.parameters()):
+                return _inner(candidate)
+        raise ValueError("this optimizer's parameters belong to no model prepared with FSDP; prepare them together")
+
+    def teardown(self) -> None:
+        self._models.clear()
+        self.plans.clear()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a view: in-place ops change the DTensor), or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def total_grad_norm(grads: list[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
+    """p-norm of all gradients as if unsharded: shard norms are combined across ranks, per mesh."""
+    from torch.distributed.tensor import DTensor
+
+    norm_type = float(norm_type)
+    if not grads:
+        return torch.tensor(0.0)
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault(id(g.device_mesh) if isinstance(g, DTensor) else None, []).append(g)
+    parts: list[torch.Tensor] = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type)
+        parts.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float().cpu())
+    stacked = torch.stack(parts)
+    if math.isinf(norm_type):
+        return stacked.max()
+    return stacked.pow(norm_type).sum().pow(1.0 / norm_type)
+
+
+def _raw_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _parameter_names(models: list[torch.nn.Module]) -> dict[int, tuple[int, str]]:
+    """id(parameter) -> (model index, name), recorded before sharding replaces the parameters."""
+    names: dict[int, tuple[int, str]] = {}
+    for index, model in enumerate(models):
+        for name, param in _inner(model).named_parameters():
+            names.setdefault(id(param), (index, name))
+    return names
+
+
+def rebind_optimizer(
+    optimizer: torch.optim.Optimizer, names: dict[int, tuple[int, str]], models: list[torch.nn.Module]
+) -> None:
+    """Point each param group at the sharded parameter that replaced the one it held."""
+    optimizer = _raw_optimizer(optimizer)
+    if optimizer.state:
+        raise ValueError(
+            "this optimizer already stepped (it has state for the unsharded parameters); pass it to "
+            "prepare() before the first optimizer.step()"
+        )
+    current = [dict(_inner(m).named_parameters()) for m in models]
+    for group in optimizer.param_groups:
+        rebound = []
+        for param in group["params"]:
+            key = names.get(id(param))
+            rebound.append(current[key[0]][key[1]] if key is not None else param)
+        group["params"] = rebound
