@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from accelerando.accelerator import Accelerator
 from accelerando.config.options import (
+    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DDPCommunicationHookType,
@@ -33,6 +34,7 @@ def _install_rich_tracebacks() -> None:
 _install_rich_tracebacks()
 
 __all__ = [
+    "AORecipeKwargs",
     "Accelerator",
     "AutocastKwargs",
     "DDPCommunicationHookType",

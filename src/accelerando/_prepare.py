@@ -75,7 +75,8 @@ def prepare_module(
     """Precision conversion -> device placement -> autocast forward -> compile (wrapping is the strategy's)."""
     refuse_multi_device_map(model, distributed)
     model = precision.convert_module(model)
-    if device is not None and getattr(model, "hf_device_map", None) is None:
+    on_meta = any(p.is_meta for p in model.parameters())  # FSDP cpu_ram_efficient_loading materializes it
+    if device is not None and getattr(model, "hf_device_map", None) is None and not on_meta:
         model = model.to(device)
     wrap_forward_in_autocast(model, precision)
     return compile_model(model, dynamo)

@@ -41,7 +41,7 @@ def test_training_matches_plain_pytorch_on_cuda(precision):
         assert torch.allclose(p, q, atol=1e-5), (p - q).abs().max()
 
 
-def test_nccl_process_group_on_one_gpu(monkeypatch):
+def test_device_follows_local_rank_on_cuda(monkeypatch):
     from accelerando.testing import free_port
 
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():

@@ -69,11 +69,21 @@ def _is_module(model: nn.Module, name: str) -> bool:
     return True
 
 
-def _tensors_under(model: nn.Module, name: str) -> list[str]:
+def _tensors_under(model: nn.Module, name: str, offloadable_only: bool = False, buffers: bool = True) -> list[str]:
+    """Tensor names under an entry; with `offloadable_only`, those an offload hook serves."""
     if not _is_module(model, name):
-        return [name]
+        parent, _, attr = name.rpartition(".")
+        module = model.get_submodule(parent) if parent else model
+        keep = not offloadable_only or attr in module._parameters
+        keep = keep or (buffers and attr not in module._non_persistent_buffers_set)
+        return [name] if keep else []
     prefix = f"{name}." if name else ""
-    return [prefix + n for n, _ in named_module_tensors(model.get_submodule(name), recurse=True)]
+    module = model.get_submodule(name)
+    if offloadable_only:
+        tensors = named_module_tensors(module, include_buffers=buffers, recurse=True, remove_non_persistent=True)
+    else:
+        tensors = named_module_tensors(module, recurse=True)
+    return [prefix + n for n, _ in tensors]
 
 
 def _has_forward(module: nn.Module) -> bool:
@@ -118,6 +128,7 @@ def _weights_map(
     offload_dir: str | os.PathLike[str] | None,
     offload_index: Mapping[str, Any] | None,
     tied: list[list[str]],
+    offload_buffers: bool,
 ) -> Mapping[str, torch.Tensor]:
     """Where offloaded weights are read from: cpu tensors in memory, else the offload index/folder."""
     memory: dict[str, torch.Tensor] = dict(state_dict or {})
@@ -128,7 +139,7 @@ def _weights_map(
     for name, device in device_map.items():
         if device not in offloaded:
             continue
-        for tensor_name in _tensors_under(model, name):
+        for tensor_name in _tensors_under(model, name, offloadable_only=True, buffers=offload_buffers):
             tensor = _get(model, tensor_name)
             if tensor.device.type == "meta" or tensor_name in memory or tensor_name in index:
                 continue
@@ -257,7 +268,9 @@ def dispatch_model(
     device_map = expand_containers(model, device_map)
     main = _main_device(device_map, main_device)
     offloaded = {"disk"} if _key(main) in ("cpu", "mps") else {"cpu", "disk"}
-    weights = _weights_map(model, device_map, offloaded, state_dict, offload_dir, offload_index, tied)
+    weights = _weights_map(
+        model, device_map, offloaded, state_dict, offload_dir, offload_index, tied, offload_buffers
+    )
     _place_resident(model, device_map, offloaded)
     retie_parameters(model, [g for g in tied if len({_key(device_for(n, device_map)) for n in g}) == 1])
     resident = {_key(d) for d in device_map.values() if d not in offloaded}

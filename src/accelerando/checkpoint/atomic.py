@@ -56,7 +56,9 @@ class Manifest:
         if raw.get("format") != FORMAT_NAME:
             raise CheckpointError(f"manifest format is {raw.get('format')!r}, expected {FORMAT_NAME!r}")
         files = {k: FileRecord(int(v["size"]), str(v["crc32"])) for k, v in raw["files"].items()}
-        return cls(files, int(raw.get("world_size", 1)), raw["format"], int(raw["version"]), raw.get("extra", {}))
+        return cls(
+            files, int(raw.get("world_size", 1)), raw["format"], int(raw["version"]), raw.get("extra", {})
+        )
 
 
 # ---- low-level file helpers ------------------------------------------------------------------
@@ -136,11 +138,19 @@ class StagedCheckpoint:
         barrier()
         return self
 
-    def write(self, name: str, writer: Callable[[Path], None]) -> None:
-        """Run `writer(path)` for `name` inside the staging directory, then flush and hash it."""
+    def write(self, name: str, content: Any) -> None:
+        """Write `name` inside the staging directory, then flush and hash it in the background.
+
+        `content` is a callable `writer(path)`, or data saved with `torch.save` (loaded weights-only).
+        """
         path = self.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        writer(path)
+        if callable(content):
+            content(path)
+        else:
+            import torch
+
+            torch.save(content, path)
         self.track(name)
 
     def track(self, name: str) -> None:
@@ -222,7 +232,9 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     try:
         return Manifest.from_json(manifest_file.read_text())
     except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"checkpoint {str(directory)!r} has an unreadable {MANIFEST_NAME}: {err}") from err
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} has an unreadable {MANIFEST_NAME}: {err}"
+        ) from err
 
 
 def validate_checkpoint(path: str | os.PathLike[str], verify: str = "full", workers: int = 2) -> Manifest:
@@ -246,7 +258,9 @@ def validate_checkpoint(path: str | os.PathLike[str], verify: str = "full", work
             to_hash.append(name)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         sums = dict(zip(to_hash, pool.map(lambda n: crc32_file(directory / n), to_hash)))
-    problems += [f"{n!r} is corrupt (CRC-32 mismatch)" for n, s in sums.items() if s != manifest.files[n].crc32]
+    problems += [
+        f"{n!r} is corrupt (CRC-32 mismatch)" for n, s in sums.items() if s != manifest.files[n].crc32
+    ]
     if problems:
         raise CheckpointError(f"checkpoint {str(directory)!r} is damaged: " + "; ".join(problems))
     return manifest

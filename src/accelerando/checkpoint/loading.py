@@ -42,18 +42,27 @@ def _read_meta(directory: Path) -> dict[str, Any]:
 
     path = directory / STATE_NAME
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(directory)!r} has no {STATE_NAME}; it was not written by save_state")
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} has no {STATE_NAME}; it was not written by save_state"
+        )
     return dict(json.loads(path.read_text()))
 
 
 def _check_counts(ckpt: Checkpointer, meta: dict[str, Any], directory: Path, n_models: int) -> None:
     acc = ckpt.acc
-    live = {"models": n_models, "optimizers": len(acc._optimizers), "schedulers": len(acc._schedulers),
-            "dataloaders": len(acc._dataloaders), "custom_objects": len(acc._custom_objects)}
+    live = {
+        "models": n_models,
+        "optimizers": len(acc._optimizers),
+        "schedulers": len(acc._schedulers),
+        "dataloaders": len(acc._dataloaders),
+        "custom_objects": len(acc._custom_objects),
+    }
     saved = meta.get("counts", {})
     diff = [f"{k}: checkpoint {saved.get(k)}, live {v}" for k, v in live.items() if saved.get(k) != v]
     if diff:
-        raise CheckpointError(f"checkpoint {str(directory)!r} does not match what was prepared ({'; '.join(diff)})")
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} does not match what was prepared ({'; '.join(diff)})"
+        )
 
 
 def read_payload(ckpt: Checkpointer, directory: Path, models: list[Any], *, strict: bool = True) -> Payload:
@@ -81,16 +90,24 @@ def read_payload(ckpt: Checkpointer, directory: Path, models: list[Any], *, stri
             state = sd_io.load_data_file(directory / layout.optimizer(i))
             problems += sd_io.check_optimizer_state(opt.optimizer, state, layout.optimizer(i))
             payload.optimizers.append(state)
-    payload.schedulers = [sd_io.load_data_file(directory / layout.scheduler(i)) for i in range(len(acc._schedulers))]
+    payload.schedulers = [
+        sd_io.load_data_file(directory / layout.scheduler(i)) for i in range(len(acc._schedulers))
+    ]
     if (directory / SCALER_NAME).is_file():
         payload.scaler = sd_io.load_data_file(directory / SCALER_NAME)
     elif acc.precision.state_dict():
         problems.append(f"{SCALER_NAME} is missing but this run uses a GradScaler")
-    payload.dataloaders = [sd_io.load_data_file(directory / layout.dataloader(i)) for i in range(len(acc._dataloaders))]
-    payload.custom = [sd_io.load_data_file(directory / layout.custom(i)) for i in range(len(acc._custom_objects))]
+    payload.dataloaders = [
+        sd_io.load_data_file(directory / layout.dataloader(i)) for i in range(len(acc._dataloaders))
+    ]
+    payload.custom = [
+        sd_io.load_data_file(directory / layout.custom(i)) for i in range(len(acc._custom_objects))
+    ]
     payload.rng_state = _read_rng(ckpt, directory, layout, meta)
     if problems:
-        raise CheckpointError(f"checkpoint {str(directory)!r} does not fit the live objects: " + "; ".join(problems))
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} does not fit the live objects: " + "; ".join(problems)
+        )
     return payload
 
 
@@ -100,22 +117,30 @@ def _read_rng(ckpt: Checkpointer, directory: Path, layout: Layout, meta: dict[st
     saved_world = int(meta.get("world_size", 1))
     source = rank if rank < saved_world else rank % saved_world
     if source != rank:
-        logger.warning("checkpoint was saved by %d processes; rank %d restores rank %d's RNG", saved_world, rank, source)
+        logger.warning(
+            "checkpoint was saved by %d processes; rank %d restores rank %d's RNG", saved_world, rank, source
+        )
     name = layout.rng(source)
     state = sd_io.load_data_file(directory / name)
     rng.validate_rng_state(state, name)
     return dict(state)
 
 
-def _read_sharded(ckpt: Checkpointer, directory: Path, layout: Layout, models: list[Any], payload: Payload) -> None:
+def _read_sharded(
+    ckpt: Checkpointer, directory: Path, layout: Layout, models: list[Any], payload: Payload
+) -> None:
     """DCP reads into copies of this rank's shards (collective on every rank)."""
     acc, strategy = ckpt.acc, ckpt.acc.strategy
     for i, model in enumerate(models):
         template = {"model": strategy.model_state_dict(model, full=False)}
-        payload.models.append((model, sd_io.load_sharded(directory / layout.sharded_model(i), template)["model"]))
+        payload.models.append(
+            (model, sd_io.load_sharded(directory / layout.sharded_model(i), template)["model"])
+        )
     for i, opt in enumerate(acc._optimizers):
         template = {"optimizer": strategy.optimizer_state_dict(ckpt._owner(opt), opt.optimizer, full=False)}
-        payload.optimizers.append(sd_io.load_sharded(directory / layout.sharded_optimizer(i), template)["optimizer"])
+        payload.optimizers.append(
+            sd_io.load_sharded(directory / layout.sharded_optimizer(i), template)["optimizer"]
+        )
 
 
 def apply_payload(ckpt: Checkpointer, payload: Payload) -> None:
@@ -146,7 +171,9 @@ def _restore_loader(dl: Any, state: dict[str, Any]) -> None:
     elif kind in ("state_dict", "epoch") and hasattr(dl, "set_epoch") and "epoch" in state:
         dl.set_epoch(int(state["epoch"]))
     elif kind != "none":
-        logger.warning("a data loader's saved position (%s) cannot be restored into %s", kind, type(dl).__name__)
+        logger.warning(
+            "a data loader's saved position (%s) cannot be restored into %s", kind, type(dl).__name__
+        )
 
 
 def _restore_counters(acc: Any, meta: dict[str, Any]) -> None:

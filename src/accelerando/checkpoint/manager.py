@@ -84,21 +84,31 @@ class Checkpointer:
             )
         return Path(output_dir), None
 
-    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any) -> str:
+    def save_state(
+        self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
+    ) -> str:
         """Write every prepared and registered object's state atomically; returns the folder."""
         if kwargs:
-            raise TypeError(f"save_state got unsupported arguments {sorted(kwargs)}; accepted: output_dir, "
-                            "safe_serialization")
+            raise TypeError(
+                f"save_state got unsupported arguments {sorted(kwargs)}; accepted: output_dir, "
+                "safe_serialization"
+            )
         target, root = self._resolve_output_dir(output_dir)
         limit = self.acc.project_configuration.total_limit
         if limit is not None and (not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"ProjectConfiguration.total_limit must be an integer >= 1 or None, got {limit!r}")
+            raise ValueError(
+                f"ProjectConfiguration.total_limit must be an integer >= 1 or None, got {limit!r}"
+            )
         if self.acc._runtime.gradient.step_in_window != 0:
-            logger.warning("save_state inside an accumulation window: the accumulated gradients are not saved")
+            logger.warning(
+                "save_state inside an accumulation window: the accumulated gradients are not saved"
+            )
         strategy = self.acc.strategy
         layout = Layout(safe_serialization=safe_serialization)
         models = list(self.acc._models)
-        weights = [] if strategy.sharded_checkpoint else [strategy.model_state_dict(m, full=True) for m in models]
+        weights = (
+            [] if strategy.sharded_checkpoint else [strategy.model_state_dict(m, full=True) for m in models]
+        )
         stage = atomic.StagedCheckpoint(target, is_writer=self._is_writer).open()
         error: BaseException | None = None
         try:
@@ -111,7 +121,9 @@ class Checkpointer:
             stage.abort()
             if error is not None:
                 raise error
-            raise CheckpointError(f"another rank failed while saving {str(target)!r}; the previous checkpoint is intact")
+            raise CheckpointError(
+                f"another rank failed while saving {str(target)!r}; the previous checkpoint is intact"
+            )
         stage.publish(self.acc.num_processes, extra={"layout": layout.describe()})
         if root is not None:
             self.acc.project_configuration.iteration += 1
@@ -120,7 +132,9 @@ class Checkpointer:
             atomic.barrier()
         return str(target)
 
-    def _write_all(self, stage: atomic.StagedCheckpoint, layout: Layout, models: list[Any], weights: list[Any]) -> None:
+    def _write_all(
+        self, stage: atomic.StagedCheckpoint, layout: Layout, models: list[Any], weights: list[Any]
+    ) -> None:
         strategy = self.acc.strategy
         writer = self._is_writer
         if strategy.sharded_checkpoint:
@@ -129,29 +143,38 @@ class Checkpointer:
             aligned = len(weights) == len(models)  # a save hook may have taken some weights over
             for i, sd in enumerate(weights):
                 drop = sd_io.tied_targets(strategy.unwrap(models[i])) if aligned else set()
-                stage.write(layout.model(i), lambda p, sd=sd, d=drop: sd_io.write_model_file(p, sd, layout.safe, d))
-        optimizer_states = [] if strategy.sharded_checkpoint else [
-            strategy.optimizer_state_dict(self._owner(opt), opt.optimizer, full=True) for opt in self.acc._optimizers
-        ]
+                stage.write(
+                    layout.model(i), lambda p, sd=sd, d=drop: sd_io.write_model_file(p, sd, layout.safe, d)
+                )
+        optimizer_states = (
+            []
+            if strategy.sharded_checkpoint
+            else [
+                strategy.optimizer_state_dict(self._owner(opt), opt.optimizer, full=True)
+                for opt in self.acc._optimizers
+            ]
+        )
         if writer:
             for i, state in enumerate(optimizer_states):
-                stage.write(layout.optimizer(i), lambda p, s=state: sd_io.write_data_file(p, s))
+                stage.write(layout.optimizer(i), state)
             for i, sched in enumerate(self.acc._schedulers):
-                stage.write(layout.scheduler(i), lambda p, s=sched.state_dict(): sd_io.write_data_file(p, s))
+                stage.write(layout.scheduler(i), sched.state_dict())
             scaler_state = self.acc.precision.state_dict()
             if scaler_state:
-                stage.write(SCALER_NAME, lambda p: sd_io.write_data_file(p, scaler_state))
+                stage.write(SCALER_NAME, scaler_state)
             loader_notes = []
             for i, dl in enumerate(self.acc._dataloaders):
                 state, note = _loader_state(dl)
                 loader_notes.append(note)
-                stage.write(layout.dataloader(i), lambda p, s=state: sd_io.write_data_file(p, s))
+                stage.write(layout.dataloader(i), state)
             for i, obj in enumerate(self.acc._custom_objects):
-                stage.write(layout.custom(i), lambda p, s=obj.state_dict(): sd_io.write_data_file(p, s))
-            meta = self._counters(layout, loader_notes, len(weights) if weights else len(models))
+                stage.write(layout.custom(i), obj.state_dict())
+            meta = self._counters(
+                layout, loader_notes, len(models) if strategy.sharded_checkpoint else len(weights)
+            )
             stage.write(STATE_NAME, lambda p: p.write_text(json.dumps(meta, indent=1)))
         rng_state = rng.capture_rng_state(self.acc._runtime.device_kind)
-        stage.write(layout.rng(self._rank), lambda p: sd_io.write_data_file(p, rng_state))
+        stage.write(layout.rng(self._rank), rng_state)
 
     def _write_sharded(self, stage: atomic.StagedCheckpoint, layout: Layout, models: list[Any]) -> None:
         """DCP from every rank into the staging directory; each rank records the files it wrote."""
@@ -162,7 +185,9 @@ class Checkpointer:
             return fname.startswith(f"__{rank}_") or (rank == 0 and not fname.startswith("__"))
 
         for i, model in enumerate(models):
-            sd_io.save_sharded(stage.path / layout.sharded_model(i), {"model": strategy.model_state_dict(model, full=False)})
+            sd_io.save_sharded(
+                stage.path / layout.sharded_model(i), {"model": strategy.model_state_dict(model, full=False)}
+            )
             stage.track_tree(layout.sharded_model(i), mine)
         for i, opt in enumerate(self.acc._optimizers):
             state = strategy.optimizer_state_dict(self._owner(opt), opt.optimizer, full=False)
@@ -173,13 +198,20 @@ class Checkpointer:
         g = self.acc._runtime.gradient
         return {
             "step": int(self.acc.step),
-            "gradient": {"step_in_window": g.step_in_window, "window_size": g.window_size,
-                         "sync_gradients": bool(g.sync_gradients)},
+            "gradient": {
+                "step_in_window": g.step_in_window,
+                "window_size": g.window_size,
+                "sync_gradients": bool(g.sync_gradients),
+            },
             "iteration": int(self.acc.project_configuration.iteration),
             "world_size": int(self.acc.num_processes),
-            "counts": {"models": n_models, "optimizers": len(self.acc._optimizers),
-                       "schedulers": len(self.acc._schedulers), "dataloaders": len(self.acc._dataloaders),
-                       "custom_objects": len(self.acc._custom_objects)},
+            "counts": {
+                "models": n_models,
+                "optimizers": len(self.acc._optimizers),
+                "schedulers": len(self.acc._schedulers),
+                "dataloaders": len(self.acc._dataloaders),
+                "custom_objects": len(self.acc._custom_objects),
+            },
             "sharded": bool(self.acc.strategy.sharded_checkpoint),
             "layout": layout.describe(),
             "dataloaders": loader_notes,
@@ -201,7 +233,9 @@ class Checkpointer:
         if input_dir is not None:
             return Path(input_dir)
         if not project.automatic_checkpoint_naming:
-            raise ValueError("load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
+            raise ValueError(
+                "load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)"
+            )
         root = naming.checkpoints_root(project.project_dir)
         latest = naming.latest_checkpoint(root)
         if latest is None:
@@ -209,7 +243,11 @@ class Checkpointer:
         return latest
 
     def load_state(
-        self, input_dir: str | None = None, *, verify: str = "full", load_kwargs: dict[str, Any] | None = None,
+        self,
+        input_dir: str | None = None,
+        *,
+        verify: str = "full",
+        load_kwargs: dict[str, Any] | None = None,
         **load_model_func_kwargs: Any,
     ) -> str:
         """Validate, read everything, then apply; a damaged checkpoint leaves the live state unchanged."""
@@ -217,8 +255,10 @@ class Checkpointer:
 
         unknown = set(load_model_func_kwargs) - {"strict"}
         if unknown:
-            raise TypeError(f"load_state got unsupported arguments {sorted(unknown)}; accepted: input_dir, "
-                            "verify, load_kwargs, strict")
+            raise TypeError(
+                f"load_state got unsupported arguments {sorted(unknown)}; accepted: input_dir, "
+                "verify, load_kwargs, strict"
+            )
         strict = bool(load_model_func_kwargs.get("strict", True))
         directory = self._resolve_input_dir(input_dir)
         problem = None
@@ -249,8 +289,13 @@ class Checkpointer:
         return str(directory)
 
     # ---- models ------------------------------------------------------------------------------
-    def save_model(self, model: torch.nn.Module, save_directory: str, max_shard_size: int | str = "10GB",
-                   safe_serialization: bool = True) -> None:
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
         from accelerando.checkpoint import model_io
 
         model_io.save_model(self.acc, model, save_directory, max_shard_size, safe_serialization)
@@ -273,7 +318,11 @@ def _loader_state(dl: Any) -> tuple[dict[str, Any], str]:
     """A loader's position: its own `state_dict()` when it has one, else the sampler epoch at best."""
     if hasattr(dl, "state_dict") and hasattr(dl, "load_state_dict"):
         return {"kind": "state_dict", "state": dl.state_dict()}, "state_dict"
-    for holder in (dl, getattr(dl, "sampler", None), getattr(getattr(dl, "batch_sampler", None), "sampler", None)):
+    for holder in (
+        dl,
+        getattr(dl, "sampler", None),
+        getattr(getattr(dl, "batch_sampler", None), "sampler", None),
+    ):
         epoch = getattr(holder, "epoch", None)
         if isinstance(epoch, int):
             return {"kind": "epoch", "epoch": epoch}, "epoch only: this loader has no state_dict()"

@@ -21,7 +21,13 @@ def capture_rng_state(device_kind: Device | None = None) -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
     state: dict[str, Any] = {
         "python": (version, tuple(internal), gauss),
-        "numpy": (str(kind), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)),
+        "numpy": (
+            str(kind),
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ),
         "torch": torch.get_rng_state(),
     }
     if device_kind is not None and device_kind.type != "cpu":

@@ -132,7 +132,9 @@ def check_model_state(
     for key in sorted(set(expected) & set(loaded)):
         want, got = expected[key], loaded[key]
         if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and want.shape != got.shape:
-            problems.append(f"{name}[{key!r}] has shape {tuple(got.shape)}, the model has {tuple(want.shape)}")
+            problems.append(
+                f"{name}[{key!r}] has shape {tuple(got.shape)}, the model has {tuple(want.shape)}"
+            )
     return problems
 
 

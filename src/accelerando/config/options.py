@@ -188,6 +188,14 @@ class ProfileKwargs(KwargsHandler):
 
 
 @dataclass
+class AORecipeKwargs(KwargsHandler):
+    """fp8 through torchao: a `Float8LinearConfig` and which Linear layers to convert."""
+
+    config: Any = None
+    module_filter_func: Any = None
+
+
+@dataclass
 class GradientAccumulationPlugin(KwargsHandler):
     """How gradient accumulation behaves. `num_steps=None` means 1."""
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from accelerando.config import env
 from accelerando.config.options import (
+    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -32,6 +33,7 @@ _HANDLER_SLOTS: dict[type, str] = {
     GradScalerKwargs: "scaler",
     InitProcessGroupKwargs: "init",
     ProfileKwargs: "profile",
+    AORecipeKwargs: "fp8",
 }
 
 # Arguments that Accelerate 1.0 moved; each gets an error that teaches the new spelling.
@@ -52,6 +54,7 @@ class Handlers:
     scaler: GradScalerKwargs | None = None
     init: InitProcessGroupKwargs | None = None
     profile: ProfileKwargs | None = None
+    fp8: AORecipeKwargs | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ def resolve(
     precision = validate_mixed_precision(
         mixed_precision if mixed_precision is not None else settings.mixed_precision
     )
+    if handlers.fp8 is not None and precision != "fp8":
+        raise ValueError(f"an fp8 recipe (AORecipeKwargs) was given but mixed_precision is {precision!r}; use 'fp8'")
     if dataloader_config is not None and not isinstance(dataloader_config, DataLoaderConfiguration):
         raise TypeError(
             f"dataloader_config must be a DataLoaderConfiguration, got {type(dataloader_config).__name__}"

@@ -8,6 +8,7 @@ rank 0 (`dispatch.DataLoaderDispatcher`). Each has a torchdata `StatefulDataLoad
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,14 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     _stateful: bool = False
     _yield_state: Any = None
     _pending_state: Any = None
+    _stateful_twin: Any = None  # the subclass that also derives from torchdata's StatefulDataLoader
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        if use_stateful_dataloader and StatefulDataLoader is None:
+            raise ImportError("use_stateful_dataloader=True needs torchdata>=0.8: pip install torchdata")
+        if use_stateful_dataloader and not issubclass(cls, StatefulDataLoader):
+            cls = cls._stateful_twin
+        return object.__new__(cls)
 
     def _setup(
         self,
@@ -232,13 +241,6 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
     DataLoader machinery (workers, collate, pin memory) is torch's, untouched.
     """
 
-    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
-        if use_stateful_dataloader and StatefulDataLoader is None:
-            raise ImportError("use_stateful_dataloader=True needs torchdata>=0.8: pip install torchdata")
-        if use_stateful_dataloader and cls is DataLoaderShard:
-            cls = StatefulDataLoaderShard
-        return object.__new__(cls)
-
     def __init__(
         self,
         dataset: Any,
@@ -257,7 +259,9 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
     ) -> None:
         self._worker_generator = torch.Generator()
         kwargs["generator"] = self._worker_generator
-        super().__init__(dataset, **kwargs)
+        with warnings.catch_warnings():  # torchdata 0.11 warns about its own deprecated call
+            warnings.filterwarnings("ignore", message=".*set_vital.*")
+            super().__init__(dataset, **kwargs)
         self._shard = shard
         self._setup(
             progress=progress,
@@ -310,6 +314,8 @@ if StatefulDataLoader is not None:
 
     class StatefulDataLoaderShard(DataLoaderShard, StatefulDataLoader):  # type: ignore[misc,valid-type]
         """`DataLoaderShard` backed by torchdata's `StatefulDataLoader` (`use_stateful_dataloader=True`)."""
+
+    DataLoaderShard._stateful_twin = StatefulDataLoaderShard
 
 else:  # pragma: no cover
     StatefulDataLoaderShard = None  # type: ignore[assignment,misc]

@@ -128,7 +128,9 @@ def prepare_map_style(
     shuffles = _is_random(getattr(batch_sampler, "sampler", None))
     seed = resolve_seed(config, dl, num_processes, shuffles)
     batch_sampler = with_seedable_sampler(batch_sampler, seed)
-    shard = BatchSamplerShard(batch_sampler, num_processes, process_index, config.split_batches, config.even_batches)
+    shard = BatchSamplerShard(
+        batch_sampler, num_processes, process_index, config.split_batches, config.even_batches
+    )
     kwargs = loader_kwargs(dl)
     if as_sampler:
         kwargs.update(sampler=shard, batch_size=None)

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from accelerando.config.options import AutocastKwargs
 from accelerando.precision.base import Precision
 
 
@@ -36,7 +35,3 @@ class TorchAoFp8Precision(Precision):
         from torchao.float8 import convert_to_float8_training
 
         return convert_to_float8_training(model, config=self.config, module_filter_fn=self.module_filter_fn)
-
-
-def build_fp8_precision(device_type: str, autocast_kwargs: AutocastKwargs | None = None) -> Precision:
-    return TorchAoFp8Precision()

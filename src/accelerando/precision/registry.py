@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accelerando.config.options import AutocastKwargs, GradScalerKwargs, PrecisionType
+from accelerando.config.options import AORecipeKwargs, AutocastKwargs, GradScalerKwargs, PrecisionType
 from accelerando.precision.amp import AmpPrecision
 from accelerando.precision.base import Precision
 
@@ -21,13 +21,15 @@ def build_precision(
     device_type: str,
     autocast_kwargs: AutocastKwargs | None = None,
     scaler_kwargs: GradScalerKwargs | None = None,
+    fp8_recipe: AORecipeKwargs | None = None,
 ) -> Precision:
     if name == "no":
         return Precision()
     if name in ("fp16", "bf16"):
         return AmpPrecision(name, device_type, autocast_kwargs, scaler_kwargs)
     if name == "fp8":
-        from accelerando.precision.fp8 import build_fp8_precision
+        from accelerando.precision.fp8 import TorchAoFp8Precision
 
-        return build_fp8_precision(device_type, autocast_kwargs)
+        recipe = fp8_recipe or AORecipeKwargs()
+        return TorchAoFp8Precision(recipe.config, recipe.module_filter_func)
     raise AssertionError(name)

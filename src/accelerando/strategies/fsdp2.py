@@ -202,7 +202,7 @@ class FSDP2Strategy(Strategy):
     # ---- checkpoint hooks -------------------------------------------------------------------
     @property
     def sharded_checkpoint(self) -> bool:
-        return self.sharding and self.plugin.state_dict_type == SHARDED_STATE_DICT
+        return self.plugin.state_dict_type == SHARDED_STATE_DICT
 
     def _options(self, full: bool, **extra: Any) -> Any:
         from torch.distributed.checkpoint.state_dict import StateDictOptions

@@ -23,6 +23,11 @@ class WrapPlan:
     modules: list[torch.nn.Module]
     policy: str
     reason: str
+    classes: tuple[str, ...] = ()  # the units' class names, recorded before sharding renames them
+
+
+def _plan(modules: list[torch.nn.Module], policy: str, reason: str) -> WrapPlan:
+    return WrapPlan(modules, policy, reason, tuple(type(m).__name__ for m in modules))
 
 
 def _no_split_names(model: torch.nn.Module) -> list[str]:
@@ -115,16 +120,16 @@ def plan_wrapping(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin
     """Units for `model` under the plugin's policy; with no policy, transformer blocks are inferred."""
     policy = plugin.auto_wrap_policy
     if callable(policy):
-        return WrapPlan(_by_callable(model, policy), "callable", "the given auto_wrap_policy")
+        return _plan(_by_callable(model, policy), "callable", "the given auto_wrap_policy")
     if policy == "no_wrap":
-        return WrapPlan([], "no_wrap", "auto_wrap_policy=no_wrap: the root is the only unit")
+        return _plan([], "no_wrap", "auto_wrap_policy=no_wrap: the root is the only unit")
     if policy == "size_based_wrap":
         bound = plugin.min_num_params if plugin.min_num_params is not None else 100_000_000
-        return WrapPlan(_by_size(model, bound), "size_based_wrap", f"min_num_params={bound}")
+        return _plan(_by_size(model, bound), "size_based_wrap", f"min_num_params={bound}")
     names = plugin.transformer_cls_names_to_wrap
     if names:
-        return WrapPlan(_by_class(model, names), "transformer_based_wrap", f"classes {names} as given")
+        return _plan(_by_class(model, names), "transformer_based_wrap", f"classes {names} as given")
     names, source = infer_block_classes(model)
     if not names:
-        return WrapPlan([], "transformer_based_wrap", f"{source}: the root is the only unit")
-    return WrapPlan(_by_class(model, names), "transformer_based_wrap", f"classes {names} from {source}")
+        return _plan([], "transformer_based_wrap", f"{source}: the root is the only unit")
+    return _plan(_by_class(model, names), "transformer_based_wrap", f"classes {names} from {source}")

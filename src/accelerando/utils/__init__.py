@@ -2,6 +2,7 @@
 
 from accelerando.config.env import clear_environment, patch_environment
 from accelerando.config.options import (
+    AORecipeKwargs,
     AutocastKwargs,
     ComputeEnvironment,
     DataLoaderConfiguration,

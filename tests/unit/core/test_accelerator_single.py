@@ -226,5 +226,7 @@ def test_rich_tracebacks_are_opt_in():
     code = "import sys, accelerando; print(sys.excepthook.__module__)"
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     env = {**os.environ, "ACCELERATE_ENABLE_RICH": "1"}
-    rich = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    rich = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
     assert "rich" not in plain and "rich" in rich

@@ -1,0 +1,463 @@
+"""`dispatch_batches=True`: rank 0 reads the data and sends each rank only its own piece.
+
+Rank 0 collates each *global* batch once (so a padding collator pads the whole step alike, as in
+Accelerate), slices it, and sends every other rank its slice point-to-point on a dedicated gloo
+group: one small header and one contiguous buffer per rank and step, sent asynchronously so
+rank 0 is already loading the next step. Ranks get exactly the batches the non-dispatch sharding
+gives them (`sharding`), including a short or missing final batch.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import zip_longest
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
+
+from accelerando.config.options import DataLoaderConfiguration
+from accelerando.data import sharding as sh
+from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
+from accelerando.data.samplers import BatchSamplerShard
+from accelerando.ops.tree import recursively_apply
+
+_BATCH, _END = 0, 1
+_ALIGN = 64
+_MAX_IN_FLIGHT = 4  # rounds rank 0 may run ahead of the slowest receiver
+
+
+@dataclass(frozen=True)
+class _Slot:
+    index: int
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _layout(header_len: int, metas: list[tuple[torch.dtype, tuple[int, ...]]]) -> tuple[list[int], int]:
+    offsets, pos = [], _aligned(header_len)
+    for dtype, shape in metas:
+        offsets.append(pos)
+        numel = 1
+        for d in shape:
+            numel *= d
+        pos = _aligned(pos + numel * torch.empty((), dtype=dtype).element_size())
+    return offsets, pos
+
+
+def encode(batch: Any) -> tuple[torch.Tensor, int]:
+    """One uint8 buffer: the pickled structure (tensors replaced by slots), then each tensor's bytes."""
+    tensors: list[torch.Tensor] = []
+
+    def take(t: torch.Tensor) -> _Slot:
+        tensors.append(t)
+        return _Slot(len(tensors) - 1)
+
+    skeleton = recursively_apply(take, batch)
+    metas = [(t.dtype, tuple(t.shape)) for t in tensors]
+    header = pickle.dumps((skeleton, metas), protocol=pickle.HIGHEST_PROTOCOL)
+    offsets, total = _layout(len(header), metas)
+    buf = torch.empty(total, dtype=torch.uint8)
+    buf[: len(header)].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+    for t, off in zip(tensors, offsets):
+        if t.numel():
+            nbytes = t.numel() * t.element_size()
+            buf[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t)
+    return buf, len(header)
+
+
+def decode(buf: torch.Tensor, header_len: int) -> Any:
+    """Inverse of `encode`; the tensors are views into `buf` (no copy)."""
+    skeleton, metas = pickle.loads(buf[:header_len].numpy().tobytes())
+    offsets, _ = _layout(header_len, metas)
+    tensors = []
+    for (dtype, shape), off in zip(metas, offsets):
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        tensors.append(
+            buf[off : off + nbytes].view(dtype).view(shape) if numel else torch.empty(shape, dtype=dtype)
+        )
+    return recursively_apply(lambda s: tensors[s.index], skeleton, test_type=lambda x: isinstance(x, _Slot))
+
+
+def batch_length(batch: Any) -> int:
+    """Samples in a collated batch: first dimension of its first tensor, else length of a list of values."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        if batch and all(not isinstance(x, (torch.Tensor, Mapping, list, tuple)) for x in batch):
+            return len(batch)
+        for item in batch:
+            n = batch_length(item)
+            if n >= 0:
+                return n
+    return -1
+
+
+def slice_batch(batch: Any, piece: slice, size: int) -> Any:
+    """Default `slice_fn_for_dispatch`: cut every tensor and every list of plain values of length `size`."""
+    if isinstance(batch, torch.Tensor):
+        return batch[piece] if batch.dim() and batch.shape[0] == size else batch
+    if isinstance(batch, Mapping):
+        return type(batch)({k: slice_batch(v, piece, size) for k, v in batch.items()})
+    if isinstance(batch, (list, tuple)):
+        plain = all(not isinstance(x, (torch.Tensor, Mapping, list, tuple)) for x in batch)
+        items = (
+            list(batch[piece])
+            if plain and len(batch) == size
+            else [slice_batch(x, piece, size) for x in batch]
+        )
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch
+
+
+@dataclass(frozen=True)
+class _EndMsg:
+    remainder: int
+
+
+class _Channel:
+    """Rank 0 -> rank r messages on a gloo group: a 4-int header, then one buffer."""
+
+    def __init__(self, group: Any, pin: bool) -> None:
+        self.group = group
+        self.pin = pin
+        self.pending: deque[list[Any]] = deque()
+
+    def send_round(self, messages: dict[int, Any]) -> None:
+        works: list[Any] = []
+        for dst, payload in messages.items():
+            if isinstance(payload, _EndMsg):
+                ctrl = torch.tensor([_END, 0, 0, payload.remainder], dtype=torch.int64)
+                works += [dist.isend(ctrl, dst, group=self.group), ctrl]
+                continue
+            buf, hlen = encode(payload)
+            ctrl = torch.tensor([_BATCH, hlen, buf.numel(), -1], dtype=torch.int64)
+            works += [
+                dist.isend(ctrl, dst, group=self.group),
+                ctrl,
+                dist.isend(buf, dst, group=self.group),
+                buf,
+            ]
+        self.pending.append(works)
+        while len(self.pending) > _MAX_IN_FLIGHT:
+            self._wait(self.pending.popleft())
+
+    def flush(self) -> None:
+        while self.pending:
+            self._wait(self.pending.popleft())
+
+    @staticmethod
+    def _wait(works: list[Any]) -> None:
+        for w in works:
+            if hasattr(w, "wait") and not isinstance(w, torch.Tensor):
+                w.wait()
+
+    def recv(self) -> tuple[bool, Any]:
+        """(True, batch) or (False, remainder) at the end of this rank's pass."""
+        ctrl = torch.empty(4, dtype=torch.int64)
+        dist.recv(ctrl, 0, group=self.group)
+        kind, hlen, total, rem = (int(x) for x in ctrl.tolist())
+        if kind == _END:
+            return False, rem
+        buf = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin)
+        dist.recv(buf, 0, group=self.group)
+        return True, decode(buf, hlen)
+
+
+class DispatchBatchSampler(BatchSamplerShard):
+    """Rank 0's index stream: whole global batches (torch `BatchSampler`), else per-rank batches
+    in rank order, one round after another (a custom batch sampler, kept as it is)."""
+
+    def length_for(self, rank: int) -> int:
+        """Batches rank `rank` gets in a whole epoch."""
+        spec = self.spec.for_rank(rank)
+        if self.plain:
+            return sh.num_batches(len(self.batch_sampler.sampler), spec)
+        if self.split_batches:
+            return len(self.batch_sampler)
+        return sh.round_robin_len(len(self.batch_sampler), spec)
+
+    def __len__(self) -> int:
+        if self.plain:  # global batches: rank 0 always has the most
+            return max(self.length_for(0) - self.skip, 0)
+        return sum(max(self.length_for(r) - self.skip, 0) for r in range(self.num_processes))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        spec, skip = self.spec, self.skip
+        sink: list[int] = []
+        self.remainder = 0
+        if self.plain:
+            indices = list(self.batch_sampler.sampler)
+            self.remainder = sh.remainder(len(indices), spec)
+            yield from (chunk for chunk, _ in sh.iter_global_batches(indices, spec, skip))
+            return
+        if self.split_batches:
+            per_rank = [
+                sh.iter_split(
+                    self.batch_sampler, spec.for_rank(r), skip, sink if r == 0 else None, self.batch_size
+                )
+                for r in range(self.num_processes)
+            ]
+            rounds: Iterator[Any] = (
+                ([b for b in rnd if b is not None], 0) for rnd in zip_longest(*per_rank, fillvalue=None)
+            )
+        else:
+            rounds = sh.iter_rounds(self.batch_sampler, spec, skip, sink)
+        for round_, _ in rounds:
+            if sink:
+                self.remainder = sink[0]
+            yield from (list(b) for b in round_)
+
+
+class GlobalBatchDataset(IterableDataset):
+    """Rank 0's view of an iterable dataset: the stream cut in global batches (padded or short)."""
+
+    def __init__(self, dataset: Any, spec: sh.ShardSpec) -> None:
+        self.dataset = dataset
+        self.spec = spec
+        self.skip = 0
+        self.remainder = -1
+
+    @property
+    def even_batches(self) -> bool:
+        return self.spec.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        s = self.spec
+        self.spec = sh.ShardSpec(s.rank, s.world_size, s.batch_size, s.split_batches, value, s.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        fn = getattr(self.dataset, "set_epoch", None)
+        if callable(fn):
+            fn(epoch)
+
+    def length_for(self, rank: int) -> int:
+        spec = self.spec.for_rank(rank)
+        return -(-sh.num_samples_of_rank(len(self.dataset), spec) // spec.per_rank)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.remainder = 0
+        for chunk, real in sh.iter_global_batches(self.dataset, self.spec, self.skip):
+            if real < len(chunk):
+                self.remainder = real
+            yield from chunk
+
+
+class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
+    """A prepared loader whose rank 0 reads everything and sends each rank its batch (Accelerate's name)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | None = None,
+        *,
+        shard: Any,
+        group: Any,
+        slice_fn: Callable[..., Any] | None,
+        progress: Progress,
+        rank: int = 0,
+        world_size: int = 1,
+        put_on_device: bool = True,
+        non_blocking: bool = False,
+        gradient_state: Any = None,
+        total_batch_size: int | None = None,
+        total_dataset_length: int | None = None,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self._worker_generator = torch.Generator()
+        kwargs["generator"] = self._worker_generator
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*set_vital.*")
+            super().__init__(dataset, **kwargs)
+        self._shard = shard
+        self._world = world_size
+        self._group = group
+        self._slice_fn = slice_fn
+        self._channel = _Channel(group, pin=bool(kwargs.get("pin_memory")) and torch.cuda.is_available())
+        self._remote_remainder = -1
+        self._setup(
+            progress=progress,
+            rank=rank,
+            device=device,
+            put_on_device=put_on_device,
+            non_blocking=non_blocking,
+            gradient_state=gradient_state,
+            total_batch_size=total_batch_size,
+            total_dataset_length=total_dataset_length,
+        )
+
+    even_batches = DataLoaderShard.even_batches
+
+    def _apply_epoch(self, epoch: int) -> None:
+        self._shard.set_epoch(epoch)
+
+    def _full_length(self) -> int:
+        return int(self._shard.length_for(self._rank))
+
+    def _final_remainder(self) -> int:
+        if self._rank != 0:
+            return self._remote_remainder
+        rem = int(getattr(self._shard, "remainder", -1))
+        if rem < 0 and self._total_dataset_length is not None:
+            return sh.remainder(self._total_dataset_length, self._shard.spec)
+        return rem
+
+    def _snapshot(self) -> Any:
+        return super()._snapshot() if self._rank == 0 else None
+
+    def _source(self, start: int) -> Iterator[Any]:
+        restoring = self._stateful and self._pending_state is not None
+        self._pending_state = None
+        if self._rank != 0:
+            return self._receive()
+        self._shard.skip = 0 if restoring else start
+        inner = iter(super(PreparedLoaderMixin, self).__iter__())
+        global_mode = isinstance(self._shard, GlobalBatchDataset) or self._shard.plain
+        return self._produce(inner, global_mode)
+
+    def _receive(self) -> Iterator[Any]:
+        self._remote_remainder = -1
+        while True:
+            ok, payload = self._channel.recv()
+            if not ok:
+                self._remote_remainder = int(payload)
+                return
+            yield payload
+
+    def _cut(self, batch: Any) -> list[Any]:
+        """Rank r's slice of a collated global batch, or None when the batch has nothing for it."""
+        size = batch_length(batch)
+        pieces: list[Any] = []
+        for r in range(self._world):
+            bounds = sh.piece_bounds(size, self._shard.spec, r)
+            if bounds is None:
+                pieces.append(None)
+            elif self._slice_fn is not None:
+                pieces.append(
+                    self._slice_fn(batch, slice(*bounds), process_index=r, num_processes=self._world)
+                )
+            else:
+                pieces.append(slice_batch(batch, slice(*bounds), size))
+        return pieces
+
+    def _produce(self, inner: Iterator[Any], global_mode: bool) -> Iterator[Any]:
+        ended: set[int] = set()
+        n = self._world
+        rounds: Iterator[list[Any]]
+        if global_mode:
+            rounds = (self._cut(batch) for batch in inner)
+        else:
+            rounds = _group(inner, n)
+        try:
+            for pieces in rounds:
+                pieces = pieces + [None] * (n - len(pieces))
+                end = _EndMsg(-1)
+                msgs = {r: (end if pieces[r] is None else pieces[r]) for r in range(1, n) if r not in ended}
+                ended.update(r for r, m in msgs.items() if m is end)
+                if msgs:
+                    self._channel.send_round(msgs)
+                if pieces[0] is not None:
+                    yield pieces[0]
+            final = _EndMsg(self._final_remainder())
+            last = {r: final for r in range(1, n) if r not in ended}
+            if last:
+                self._channel.send_round(last)
+        finally:
+            self._channel.flush()
+
+
+def _group(inner: Iterator[Any], n: int) -> Iterator[list[Any]]:
+    round_: list[Any] = []
+    for batch in inner:
+        round_.append(batch)
+        if len(round_) == n:
+            yield round_
+            round_ = []
+    if round_:
+        yield round_
+
+
+if StatefulDataLoader is not None:
+
+    class StatefulDataLoaderDispatcher(DataLoaderDispatcher, StatefulDataLoader):  # type: ignore[misc,valid-type]
+        """`DataLoaderDispatcher` backed by torchdata's `StatefulDataLoader`."""
+
+    DataLoaderDispatcher._stateful_twin = StatefulDataLoaderDispatcher
+
+else:  # pragma: no cover
+    StatefulDataLoaderDispatcher = None  # type: ignore[assignment,misc]
+
+
+def prepare_dispatcher(
+    dl: DataLoader,
+    num_processes: int,
+    process_index: int,
+    device: torch.device | None,
+    config: DataLoaderConfiguration,
+    gradient_state: Any,
+    put_on_device: bool = True,
+    slice_fn: Callable[..., Any] | None = None,
+) -> DataLoaderDispatcher:
+    """Build the dispatcher; every rank must call it (it creates a gloo group for the transfers)."""
+    from accelerando.data import prepare as prep
+
+    if num_processes > 1 and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "dispatch_batches=True with several processes needs torch.distributed initialized first"
+        )
+    group = dist.new_group(backend="gloo") if num_processes > 1 else None
+    kwargs = prep.loader_kwargs(dl)
+    dataset: Any = dl.dataset
+    if isinstance(dl.dataset, IterableDataset):
+        if dl.batch_size is None:
+            raise ValueError("dispatch_batches=True needs a batch_size for an IterableDataset (got None)")
+        spec = sh.ShardSpec(
+            process_index,
+            num_processes,
+            dl.batch_size,
+            config.split_batches,
+            config.even_batches,
+            dl.drop_last,
+        )
+        shard: Any = GlobalBatchDataset(dl.dataset, spec)
+        dataset = shard
+        kwargs.update(batch_size=spec.global_size, drop_last=False)
+        seed = prep.resolve_seed(config, dl, num_processes, False)
+    else:
+        batch_sampler, as_sampler = prep._source_batch_sampler(dl)
+        seed = prep.resolve_seed(
+            config, dl, num_processes, prep._is_random(getattr(batch_sampler, "sampler", None))
+        )
+        batch_sampler = prep.with_seedable_sampler(batch_sampler, seed)
+        shard = DispatchBatchSampler(
+            batch_sampler, num_processes, process_index, config.split_batches, config.even_batches
+        )
+        kwargs.update({"sampler": shard, "batch_size": None} if as_sampler else {"batch_sampler": shard})
+    spec = shard.spec
+    return DataLoaderDispatcher(
+        dataset,
+        shard=shard,
+        group=group,
+        slice_fn=slice_fn,
+        progress=Progress(seed),
+        rank=process_index,
+        world_size=num_processes,
+        put_on_device=put_on_device,
+        total_batch_size=spec.global_size if getattr(shard, "batch_size", 1) else None,
+        **prep._common(dl, device, config, gradient_state),
+        **kwargs,
+    )

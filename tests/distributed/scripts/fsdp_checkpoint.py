@@ -1,0 +1,159 @@
+"""FSDP2 checkpoints and loading. Phases (argv[2]): save1 / load2 run as one plain process (no
+process group); main runs on 2 ranks: RAM-efficient loading, 1->2 reshard, sharded and full round
+trips, save_model and get_state_dict."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fsdp_common import assert_close, make_net  # noqa: E402
+
+from accelerando import Accelerator  # noqa: E402
+from accelerando.config.fsdp import FullyShardedDataParallelPlugin  # noqa: E402
+
+WORK = Path(sys.argv[1])
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def setup(plugin=None, depth=3, lr=1e-2):
+    acc = Accelerator(fsdp_plugin=plugin or FullyShardedDataParallelPlugin())
+    model = make_net(depth=depth)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model, opt = acc.prepare(model, opt)
+    return acc, model, opt
+
+
+def train(acc, model, opt, steps, seed=0):
+    g = torch.Generator().manual_seed(seed + rank())
+    for _ in range(steps):
+        x = torch.randn(4, 16, generator=g)
+        acc.backward(model(x).pow(2).mean())
+        opt.step()
+        opt.zero_grad()
+
+
+def snapshot(acc, model, opt):
+    """Full model and optimizer state (rank 0 holds it; others {}), through the strategy's hooks."""
+    return {
+        "model": acc.strategy.model_state_dict(model, full=True),
+        "optim": acc.strategy.optimizer_state_dict(model, opt.optimizer, full=True),
+    }
+
+
+def check_snapshot(got, want, what):
+    if rank() != 0:
+        assert got["model"] == {} and got["optim"] == {}, f"{what}: rank {rank()} got a full copy"
+        return
+    assert_close(got["model"], want["model"], f"{what} model", tol=1e-6)
+    for fqn, state in want["optim"]["state"].items():
+        for key, value in state.items():
+            torch.testing.assert_close(got["optim"]["state"][fqn][key], value, msg=f"{what} {fqn}.{key}")
+
+
+def phase_save1() -> None:
+    acc, model, opt = setup()
+    train(acc, model, opt, 2)
+    acc.save_state(str(WORK / "ckpt1"))
+    torch.save(snapshot(acc, model, opt), WORK / "ref1.pt")
+
+
+def phase_load2() -> None:
+    acc, model, opt = setup()
+    acc.load_state(str(WORK / "ckpt2"))  # saved by 2 ranks, read by 1
+    check_snapshot(snapshot(acc, model, opt), torch.load(WORK / "ref2.pt"), "2->1")
+    print("LOAD2_OK")
+
+
+def check_ram_efficient_loading() -> None:
+    """Rank 0 builds the real model, rank 1 on meta; rank 1's peak memory grows by about its shard."""
+    torch.manual_seed(3)
+    layers = 16
+    full_mib = layers * (1024 * 1024 + 1024) * 4 / 2**20
+    before = peak_mib()
+    if rank() == 0:
+        model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(layers)))
+        reference = {k: v.clone() for k, v in model.state_dict().items()}
+    else:
+        with torch.device("meta"):
+            model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(layers)))
+    plugin = FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True, auto_wrap_policy="size_based_wrap",
+                                            min_num_params=1)
+    acc = Accelerator(fsdp_plugin=plugin)
+    model = acc.prepare(model)
+    grown = peak_mib() - before
+    full = acc.get_state_dict(model)
+    if rank() == 0:
+        assert_close(full, reference, "ram-efficient weights", tol=0)
+        del reference
+    else:
+        assert full == {}
+        assert grown < 0.75 * full_mib, f"rank 1 peak grew {grown:.0f} MiB for a {full_mib:.0f} MiB model"
+    print(f"rank {rank()} peak growth {grown:.0f} MiB, model {full_mib:.0f} MiB")
+    del model, full
+    acc.free_memory()
+
+
+def phase_main() -> None:
+    check_ram_efficient_loading()
+    # 1 -> 2: a checkpoint written by one unsharded process loads into 2 ranks' shards.
+    acc, model, opt = setup()
+    acc.load_state(str(WORK / "ckpt1"))
+    ref1 = torch.load(WORK / "ref1.pt") if rank() == 0 else None
+    check_snapshot(snapshot(acc, model, opt), ref1, "1->2")
+    assert isinstance(acc.strategy.model_state_dict(model, full=False)["inp.weight"],
+                      torch.distributed.tensor.DTensor)
+    # Sharded round trip: every rank writes its own file.
+    train(acc, model, opt, 2, seed=5)
+    acc.save_state(str(WORK / "ckpt2"))
+    ref2 = snapshot(acc, model, opt)
+    files = sorted(p.name for p in (WORK / "ckpt2" / "pytorch_model_fsdp_0").iterdir())
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(files), files
+    if rank() == 0:
+        torch.save(ref2, WORK / "ref2.pt")
+    train(acc, model, opt, 1, seed=9)
+    acc.load_state(str(WORK / "ckpt2"))
+    check_snapshot(snapshot(acc, model, opt), ref2, "sharded round trip")
+    # Training continues identically after a load.
+    train(acc, model, opt, 1, seed=11)
+    after = snapshot(acc, model, opt)
+    acc.load_state(str(WORK / "ckpt2"))
+    train(acc, model, opt, 1, seed=11)
+    check_snapshot(snapshot(acc, model, opt), after, "resume")
+    # save_model / get_state_dict gather a full copy on rank 0 only.
+    acc.save_model(model, str(WORK / "saved_model"))
+    if rank() == 0:
+        from safetensors.torch import load_file
+
+        assert_close(load_file(str(WORK / "saved_model" / "model.safetensors")), ref2["model"], "save_model")
+    check_full_state_dict()
+    dist.barrier()
+    print("FSDP_CHECKPOINT_OK")
+
+
+def check_full_state_dict() -> None:
+    plugin = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
+    acc, model, opt = setup(plugin)
+    assert not acc.strategy.sharded_checkpoint
+    train(acc, model, opt, 2, seed=21)
+    acc.save_state(str(WORK / "ckpt_full"))
+    want = snapshot(acc, model, opt)
+    train(acc, model, opt, 1, seed=22)
+    acc.load_state(str(WORK / "ckpt_full"))
+    check_snapshot(snapshot(acc, model, opt), want, "full round trip")
+
+
+if __name__ == "__main__":
+    {"save1": phase_save1, "load2": phase_load2, "main": phase_main}[sys.argv[2]]()

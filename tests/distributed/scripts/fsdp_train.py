@@ -1,0 +1,146 @@
+"""FSDP2 vs DDP parity on 2 gloo ranks: plain steps, accumulation, variants, a transformers model."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fsdp_common import Net, assert_close, batch, ddp_reference, full_params, make_net  # noqa: E402
+
+from accelerando import Accelerator  # noqa: E402
+from accelerando.state import PartialState  # noqa: E402
+from accelerando.config.fsdp import FullyShardedDataParallelPlugin  # noqa: E402
+
+
+def mse(model: torch.nn.Module, step: int) -> torch.Tensor:
+    x, y = batch(step)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def train_fsdp(model, plugin, steps, accum=1, clip=None, lr=1e-2):
+    acc = Accelerator(fsdp_plugin=plugin, gradient_accumulation_steps=accum)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)  # created before prepare, as users do
+    model, opt = acc.prepare(model, opt)
+    losses, grads_after_first = [], None
+    for step in range(steps):
+        with acc.accumulate(model):
+            loss = mse(model, step)
+            acc.backward(loss)
+            if step == 0:
+                grads_after_first = [p.grad for p in model.parameters()]
+            if clip is not None and acc.sync_gradients:
+                acc.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            opt.zero_grad()
+        losses.append(loss.item())
+    return acc, model, losses, grads_after_first
+
+
+def check_parity(name, plugin, steps=4, accum=1, clip=None, depth=3):
+    base = make_net(depth=depth)
+    ref_losses, ref_params = ddp_reference(base, mse, steps, accum=accum, clip=clip)
+    acc, model, losses, first = train_fsdp(copy.deepcopy(base), plugin, steps, accum=accum, clip=clip)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    assert_close(full_params(model), ref_params, name)
+    return acc, model, first
+
+
+def main() -> None:
+    PartialState()  # joins the gloo group the DDP reference needs
+    acc, model, _ = check_parity("plain", FullyShardedDataParallelPlugin(), clip=0.05)
+    assert acc.is_fsdp2 and acc.distributed_type == "FSDP"
+    strategy = acc.strategy
+    assert strategy.plans[0].classes == ("Block",) * 3, strategy.plans[0]
+    # Every parameter is a DTensor and this rank stores about half of the model.
+    params = list(model.parameters())
+    assert all(isinstance(p, DTensor) for p in params)
+    local = sum(p.to_local().numel() for p in params)
+    total = sum(p.numel() for p in params)
+    assert abs(local / total - 0.5) < 0.02, (local, total)
+
+    # Accumulation: the non-boundary backward leaves no synced (sharded) gradient behind.
+    _, _, first = check_parity("accum", FullyShardedDataParallelPlugin(), steps=6, accum=3, clip=0.05)
+    assert all(g is None for g in first), "gradients were reduce-scattered on a non-boundary step"
+
+    # FSDP1-era and FSDP2 options: same numbers.
+    variant = FullyShardedDataParallelPlugin(
+        sharding_strategy="SHARD_GRAD_OP",
+        activation_checkpointing=True,
+        forward_prefetch=True,
+        cpu_offload=True,
+        auto_wrap_policy="size_based_wrap",
+        min_num_params=500,
+    )
+    acc, model, _ = check_parity("variant", variant, steps=3, accum=1)
+    assert variant.reshard_after_forward is False
+    assert len(acc.strategy.plans[0].modules) >= 3
+
+    # Mixed precision policy: bf16 compute, fp32 master shards, fp32 outputs.
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(mixed_precision_policy="bf16"))
+    model = acc.prepare(make_net(depth=1))
+    out = model(batch(0)[0])
+    assert out.dtype == torch.float32, out.dtype
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+    # An optimizer prepared separately from its model is refused with a clear error.
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    net = make_net(depth=1)
+    stale = torch.optim.SGD(net.parameters(), lr=0.1)
+    net = acc.prepare(net)
+    stale = acc.prepare(stale)
+    mse(net, 0).backward()
+    try:
+        stale.step()
+    except ValueError as err:
+        assert "replaced with shards" in str(err)
+    else:
+        raise AssertionError("stale optimizer stepped")
+
+    check_transformers()
+    if dist.get_rank() == 0:
+        print("FSDP_TRAIN_OK")
+
+
+def check_transformers() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(config)
+
+    def lm_loss(model: torch.nn.Module, step: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(step)
+        ids = torch.randint(0, 64, (4, 12), generator=g)[dist.get_rank() * 2 : dist.get_rank() * 2 + 2]
+        return model(input_ids=ids, labels=ids).loss
+
+    ref_losses, ref_params = ddp_reference(base, lm_loss, 3, lr=1e-3)
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(verbose=True))
+    model = copy.deepcopy(base)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = acc.prepare(model, opt)
+    plan = acc.strategy.plans[0]
+    assert plan.classes == ("LlamaDecoderLayer",) * 2, plan
+    assert "_no_split_modules" in plan.reason
+    losses = []
+    for step in range(3):
+        loss = lm_loss(model, step)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    assert_close(full_params(model), ref_params, "llama")
+
+
+if __name__ == "__main__":
+    assert isinstance(Net, type)
+    main()

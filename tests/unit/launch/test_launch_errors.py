@@ -1,0 +1,56 @@
+"""Failure reports put the root cause first; memory estimates follow the documented accounting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from accelerando.commands.estimate import estimate
+from accelerando.launch.errors import exit_code, format_child_failure, root_cause
+
+
+@dataclass
+class Failure:
+    local_rank: int
+    exitcode: int
+    timestamp: int
+    error_file_data: dict[str, Any] = field(default_factory=dict)
+    message: Any = ""
+    pid: int = 100
+
+    def signal_name(self) -> str:
+        return "SIGTERM"
+
+
+def recorded(text: str, when: float) -> dict[str, Any]:
+    return {
+        "message": {
+            "message": text,
+            "extraInfo": {"py_callstack": f"Traceback\n{text}\n", "time": repr(when)},
+        }
+    }
+
+
+def test_root_cause_is_earliest_recorded_failure() -> None:
+    failures = {
+        0: Failure(0, 1, 10, recorded("RuntimeError: peer closed", 10.7)),
+        1: Failure(1, 3, 10, recorded("ValueError: boom", 10.2)),
+        2: Failure(0, -15, 9),
+    }
+    assert root_cause(failures)[0] == 1
+    text = format_child_failure(failures, "train.py")
+    assert text.index("ValueError: boom") < text.index("also: rank 0")
+    assert "first failure: rank 1" in text and "killed by signal SIGTERM" in text
+    assert exit_code(failures) == 3
+
+
+def test_estimate_strategies_shard_as_documented() -> None:
+    single = estimate(1000, "float32", "single", 4)
+    assert (single.weights, single.gradients, single.optimizer) == (4000, 4000, 8000)
+    z2 = estimate(1000, "bfloat16", "ZeRO-2", 4)
+    assert (z2.weights, z2.gradients, z2.optimizer) == (2000, 500, 3000)
+    assert estimate(1000, "float32", "FSDP", 4).total == 4000
+    with pytest.raises(ValueError, match="strategy 'ZeRO-9'"):
+        estimate(1, "float32", "ZeRO-9", 2)
