@@ -441,6 +441,14 @@ class Accelerator(ConfigViews):
             _prepare.restore_forward(inner)
         return inner
 
+    @contextlib.contextmanager
+    def profile(self, profile_handler: Any = None) -> Iterator[Any]:
+        """`torch.profiler.profile` configured by `ProfileKwargs` (argument, else kwargs_handlers)."""
+        from accelerando.profiling import profile
+
+        with profile(profile_handler or self.profile_handler, self.process_index) as prof:
+            yield prof
+
     # ---- collectives -----------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
         return collectives.gather(tensor)

@@ -196,13 +196,15 @@ class DispatchBatchSampler(BatchSamplerShard):
 
     def __iter__(self) -> Iterator[list[int]]:
         spec, skip = self.spec, self.skip
-        sink: list[int] = []
         self.remainder = 0
         if self.plain:
             indices = list(self.batch_sampler.sampler)
             self.remainder = sh.remainder(len(indices), spec)
-            yield from (chunk for chunk, _ in sh.iter_global_batches(indices, spec, skip))
-            return
+            return (chunk for chunk, _ in sh.iter_global_batches(indices, spec, skip))
+        return self._iter_rounds(spec, skip)
+
+    def _iter_rounds(self, spec: sh.ShardSpec, skip: int) -> Iterator[list[int]]:
+        sink: list[int] = []
         if self.split_batches:
             per_rank = [
                 sh.iter_split(
@@ -278,6 +280,24 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         use_stateful_dataloader: bool = False,
         **kwargs: Any,
     ) -> None:
+        self._ctor = (
+            (dataset, device),
+            dict(
+                kwargs,
+                shard=shard,
+                group=group,
+                slice_fn=slice_fn,
+                progress=progress,
+                rank=rank,
+                world_size=world_size,
+                put_on_device=put_on_device,
+                non_blocking=non_blocking,
+                gradient_state=gradient_state,
+                total_batch_size=total_batch_size,
+                total_dataset_length=total_dataset_length,
+                use_stateful_dataloader=use_stateful_dataloader,
+            ),
+        )
         self._worker_generator = torch.Generator()
         kwargs["generator"] = self._worker_generator
         with warnings.catch_warnings():

@@ -181,9 +181,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
 
     def _iterate(self, source: Iterator[Any]) -> Iterator[Any]:
         current = next(source, _END)
+        self.remainder = self._final_remainder()
         if current is _END:
             self.end_of_dataloader = True
-            self.remainder = self._final_remainder()
             return
         while True:
             snapshot = self._snapshot()
@@ -197,6 +197,13 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             if nxt is _END:
                 return
             current = nxt
+
+    def _clone_from(self, start: int) -> PreparedLoaderMixin:
+        """A loader over the same data, sharing epoch and seed, whose next pass starts at batch `start`."""
+        args, kwargs = self._ctor  # type: ignore[attr-defined]
+        view = type(self)(*args, **kwargs)
+        view._start = start
+        return view
 
     # -- checkpointing ---------------------------------------------------------------------------
     def _snapshot(self) -> Any:
@@ -257,6 +264,21 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         use_stateful_dataloader: bool = False,
         **kwargs: Any,
     ) -> None:
+        self._ctor = (
+            (dataset, device),
+            dict(
+                kwargs,
+                shard=shard,
+                progress=progress,
+                rank=rank,
+                put_on_device=put_on_device,
+                non_blocking=non_blocking,
+                gradient_state=gradient_state,
+                total_batch_size=total_batch_size,
+                total_dataset_length=total_dataset_length,
+                use_stateful_dataloader=use_stateful_dataloader,
+            ),
+        )
         self._worker_generator = torch.Generator()
         kwargs["generator"] = self._worker_generator
         with warnings.catch_warnings():  # torchdata 0.11 warns about its own deprecated call

@@ -230,3 +230,21 @@ def test_rich_tracebacks_are_opt_in():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert "rich" not in plain and "rich" in rich
+
+
+def test_profile_writes_a_trace(tmp_path):
+    import json
+
+    from accelerando import ProfileKwargs
+
+    acc = Accelerator(
+        cpu=True, kwargs_handlers=[ProfileKwargs(output_trace_dir=str(tmp_path), record_shapes=True)]
+    )
+    with acc.profile() as prof:
+        torch.nn.functional.linear(torch.randn(8, 8), torch.randn(8, 8))
+    assert any("linear" in e.key for e in prof.key_averages())
+    trace = json.loads((tmp_path / "profile_0.json").read_text())
+    assert trace["traceEvents"]
+    with pytest.raises(ValueError, match="activity 'gpu'"):
+        with acc.profile(ProfileKwargs(activities=["gpu"])):
+            pass
