@@ -143,10 +143,16 @@ def timed(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
 
 
 @torch.no_grad()
-def forward_time(model: nn.Module, ids: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
-    out = model(ids)  # warm-up (pages in the weights)
-    seconds, _ = timed(lambda: model(ids), repeats)
-    return seconds, out
+def forward_times(models: list[nn.Module], ids: torch.Tensor, repeats: int) -> list[tuple[float, torch.Tensor]]:
+    """Median forward time of each model, runs interleaved so machine load hits all alike."""
+    outs = [model(ids) for model in models]  # warm-up (pages the weights in)
+    times: list[list[float]] = [[] for _ in models]
+    for _ in range(repeats):
+        for i, model in enumerate(models):
+            start = time.perf_counter()
+            model(ids)
+            times[i].append(time.perf_counter() - start)
+    return [(statistics.median(t), out) for t, out in zip(times, outs)]
 
 
 def run(cfg: Config, folder: Path, repeats: int) -> list[tuple[str, float, float, str]]:
@@ -155,15 +161,13 @@ def run(cfg: Config, folder: Path, repeats: int) -> list[tuple[str, float, float
         raw_load(cfg, folder), ours_load(cfg, folder)
     raw_ready, raw_model = timed(lambda: raw_load(cfg, folder), repeats)
     ours_ready, ours_model = timed(lambda: ours_load(cfg, folder), repeats)
-    raw_fwd, reference = forward_time(raw_model, ids, repeats)  # type: ignore[arg-type]
-    ours_fwd, out = forward_time(ours_model, ids, repeats)  # type: ignore[arg-type]
-    assert torch.equal(out, reference), "in-RAM output differs from the raw model"
-    del ours_model
     half = {"cpu": 4 * cfg.params() // 2}
     disk_ready, disk_model = timed(lambda: ours_load(cfg, folder, half), repeats)
+    models = [raw_model, ours_model, disk_model]
+    (raw_fwd, reference), (ours_fwd, out), (disk_fwd, disk_out) = forward_times(models, ids, repeats)  # type: ignore[arg-type]
+    assert torch.equal(out, reference), "in-RAM output differs from the raw model"
+    assert torch.equal(disk_out, reference), "disk-offloaded output differs from the raw model"
     placed = list(disk_model.hf_device_map.values())  # type: ignore[union-attr]
-    disk_fwd, out = forward_time(disk_model, ids, repeats)  # type: ignore[arg-type]
-    assert torch.equal(out, reference), "disk-offloaded output differs from the raw model"
     on_disk = sum(1 for name, dev in disk_model.hf_device_map.items() if dev == "disk" and "layers." in name)  # type: ignore[union-attr]
     print(f"disk-offload map: {placed.count('disk')} entries on disk ({on_disk} of {cfg.layers} layers)")
     return [

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from accelerando import _prepare, _runtime
+from accelerando._accumulation import advance_window
 from accelerando._config_views import ConfigViews
 from accelerando.config import env
 from accelerando.config.options import (
@@ -24,7 +25,7 @@ from accelerando.config.options import (
 )
 from accelerando.config.resolve import ResolvedConfig, reject_moved_arguments, resolve
 from accelerando.ops import collectives
-from accelerando.ops.tree import recursively_apply, tree_leaves
+from accelerando.ops.tree import is_tensor_tree, recursively_apply
 from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.precision import build_precision
 from accelerando.scheduler import AcceleratedScheduler
@@ -340,19 +341,9 @@ class Accelerator(ConfigViews):
 
     def _do_sync(self) -> None:
         """Decide whether this micro-batch ends an accumulation window (see docs/accumulation.md)."""
-        g = self._runtime.gradient
-        if g.step_in_window == 0:
-            g.window_size = _window_size(g, self.gradient_state.active_dataloader)
-        g.step_in_window += 1
         self.step += 1
-        at_end = g.sync_with_dataloader and self.gradient_state.end_of_dataloader
-        if at_end or g.step_in_window >= g.window_size:
-            g.sync_gradients = True
-            g.step_in_window = 0
-            if at_end:
-                self.step = 0
-        else:
-            g.sync_gradients = False
+        if advance_window(self._runtime.gradient, self.gradient_state.active_dataloader):
+            self.step = 0
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -455,7 +446,7 @@ class Accelerator(ConfigViews):
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather, then drop the samples that even_batches duplicated to pad the last batch."""
-        leaves_are_tensors = bool(tree_leaves(input_data)) and _only_tensors(input_data)
+        leaves_are_tensors = is_tensor_tree(input_data)
         if use_gather_object or not leaves_are_tensors:
             data = collectives.gather_object(input_data)
         else:
@@ -578,26 +569,3 @@ class Accelerator(ConfigViews):
 
     def __repr__(self) -> str:
         return f"Accelerator(\n{self.state!r})"
-
-
-def _only_tensors(data: Any) -> bool:
-    ok = True
-
-    def check(obj: Any) -> Any:
-        nonlocal ok
-        ok = False
-        return obj
-
-    recursively_apply(check, data, test_type=lambda t: not isinstance(t, (torch.Tensor, list, tuple, dict)))
-    return ok
-
-
-def _window_size(g: _runtime.GradientRuntime, loader: Any) -> int:
-    """Micro-batches in the window starting now: short at the end of a loader of known length."""
-    if g.num_steps == 1 or not g.sync_with_dataloader or loader is None:
-        return g.num_steps
-    try:
-        remaining = len(loader) - int(loader.batches_yielded) + 1
-    except (TypeError, AttributeError):
-        return g.num_steps
-    return max(1, min(g.num_steps, remaining))

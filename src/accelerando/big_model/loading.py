@@ -127,11 +127,19 @@ class _Loader:
         self.keep_fp32 = list(keep_in_fp32_modules)
         self.staging = staging
         self.staged: dict[str, Any] = {}
-        self.expected = {n: t for n, t in named_module_tensors(model, recurse=True)}
+        self.expected = dict(named_module_tensors(model, recurse=True))
+        self.slots = {
+            (f"{prefix}.{attr}" if prefix else attr): (module, attr)
+            for prefix, module in model.named_modules()
+            for attr in module._parameters
+        }
+        self.single = None if device_map is None or set(device_map) != {""} else device_map[""]
         self.report = LoadReport()
         self.loaded: set[str] = set()
 
     def target(self, name: str) -> DeviceKey:
+        if self.single is not None:
+            return self.single
         if self.device_map is None:
             current = self.expected[name].device
             return "cpu" if current.type == "meta" else str(current)
@@ -200,8 +208,23 @@ class _Loader:
             offload_weight(value.to(final), key, self.staging, index=self.staged)
             self._to_meta(key, final)
             return
+        if device == "cpu" and value.dtype == final and self._assign(key, value):
+            return
         set_module_tensor_to_device(self.model, key, device, value=value, dtype=final)
         self.loaded.add(key)
+
+    def _assign(self, key: str, value: torch.Tensor) -> bool:
+        """Fast path: a cpu parameter in its stored dtype is used as is (zero copy), like assign=True."""
+        slot = self.slots.get(key)
+        if slot is None:
+            return False
+        module, attr = slot
+        old = module._parameters[attr]
+        if old is None or type(old) is not nn.Parameter or tuple(old.shape) != tuple(value.shape):
+            return False
+        module._parameters[attr] = nn.Parameter(value, requires_grad=old.requires_grad)
+        self.loaded.add(key)
+        return True
 
     def finish(self) -> LoadReport:
         if self.staging is not None and self.staged:

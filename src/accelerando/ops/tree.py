@@ -79,6 +79,15 @@ def tree_replace(data: Any, new_leaves: list[Any]) -> Any:
     return recursively_apply(lambda _t: next(it), data)
 
 
+def is_tensor_tree(data: Any) -> bool:
+    """True when `data` has tensors and nothing else at its leaves."""
+    others: list[Any] = []
+    recursively_apply(
+        others.append, data, test_type=lambda t: not isinstance(t, (torch.Tensor, list, tuple, Mapping))
+    )
+    return not others and bool(tree_leaves(data))
+
+
 def send_to_device(
     data: Any,
     device: torch.device | str | int,

@@ -47,10 +47,14 @@ def train(acc, model, opt, steps, seed=0):
 
 def snapshot(acc, model, opt):
     """Full model and optimizer state (rank 0 holds it; others {}), through the strategy's hooks."""
-    return {
-        "model": acc.strategy.model_state_dict(model, full=True),
-        "optim": acc.strategy.optimizer_state_dict(model, opt.optimizer, full=True),
-    }
+    import copy
+
+    return copy.deepcopy(
+        {
+            "model": acc.strategy.model_state_dict(model, full=True),
+            "optim": acc.strategy.optimizer_state_dict(model, opt.optimizer, full=True),
+        }
+    )  # on CPU, scalar optimizer state (step) aliases the live tensor
 
 
 def check_snapshot(got, want, what):
@@ -79,30 +83,28 @@ def phase_load2() -> None:
 
 def check_ram_efficient_loading() -> None:
     """Rank 0 builds the real model, rank 1 on meta; rank 1's peak memory grows by about its shard."""
-    torch.manual_seed(3)
-    layers = 16
-    full_mib = layers * (1024 * 1024 + 1024) * 4 / 2**20
-    before = peak_mib()
-    if rank() == 0:
-        model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(layers)))
-        reference = {k: v.clone() for k, v in model.state_dict().items()}
-    else:
-        with torch.device("meta"):
-            model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(layers)))
-    plugin = FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True, auto_wrap_policy="size_based_wrap",
-                                            min_num_params=1)
+    plugin = FullyShardedDataParallelPlugin(
+        cpu_ram_efficient_loading=True, auto_wrap_policy="size_based_wrap", min_num_params=1
+    )
     acc = Accelerator(fsdp_plugin=plugin)
+    acc.prepare(make_net(depth=1))  # warm-up: lazy imports and the device mesh stay out of the window
+    torch.manual_seed(3)
+    layers = 32
+    full_mib = layers * (1024 * 1024 + 1024) * 4 / 2**20
+    with torch.device("cpu" if rank() == 0 else "meta"):
+        model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(layers)))
+    reference = {k: v.clone() for k, v in model.state_dict().items()} if rank() == 0 else {}
+    before = peak_mib()
     model = acc.prepare(model)
     grown = peak_mib() - before
     full = acc.get_state_dict(model)
     if rank() == 0:
         assert_close(full, reference, "ram-efficient weights", tol=0)
-        del reference
     else:
         assert full == {}
-        assert grown < 0.75 * full_mib, f"rank 1 peak grew {grown:.0f} MiB for a {full_mib:.0f} MiB model"
+        assert grown < 0.7 * full_mib, f"rank 1 peak grew {grown:.0f} MiB for a {full_mib:.0f} MiB model"
     print(f"rank {rank()} peak growth {grown:.0f} MiB, model {full_mib:.0f} MiB")
-    del model, full
+    del model, full, reference
     acc.free_memory()
 
 
