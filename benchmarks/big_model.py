@@ -63,7 +63,9 @@ class Layer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        att = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
         return x + self.down(F.gelu(self.up(self.norm2(x))))
 
@@ -143,7 +145,9 @@ def timed(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
 
 
 @torch.no_grad()
-def forward_times(models: list[nn.Module], ids: torch.Tensor, repeats: int) -> list[tuple[float, torch.Tensor]]:
+def forward_times(
+    models: list[nn.Module], ids: torch.Tensor, repeats: int
+) -> list[tuple[float, torch.Tensor]]:
     """Median forward time of each model, runs interleaved so machine load hits all alike."""
     outs = [model(ids) for model in models]  # warm-up (pages the weights in)
     times: list[list[float]] = [[] for _ in models]
@@ -172,16 +176,25 @@ def run(cfg: Config, folder: Path, repeats: int) -> list[tuple[str, float, float
     print(f"disk-offload map: {placed.count('disk')} entries on disk ({on_disk} of {cfg.layers} layers)")
     return [
         ("time-to-ready, in RAM", raw_ready, ours_ready, "<= 1.1x (Accelerate here: 1.47x)"),
-        (f"time-to-ready, {on_disk}/{cfg.layers} layers on disk", raw_ready, disk_ready, "<= 2x (Accelerate: 15x)"),
+        (
+            f"time-to-ready, {on_disk}/{cfg.layers} layers on disk",
+            raw_ready,
+            disk_ready,
+            "<= 2x (Accelerate: 15x)",
+        ),
         ("forward, in RAM", raw_fwd, ours_fwd, "~1x"),
         (f"forward, {on_disk}/{cfg.layers} layers on disk", raw_fwd, disk_fwd, "<= 1.5x (Accelerate: 2.9x)"),
     ]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--small", action="store_true", help="a tiny model, for a quick check")
-    parser.add_argument("--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the checkpoint")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -191,12 +204,16 @@ def main() -> None:
         if not (folder / "model.safetensors.index.json").exists():
             start = time.perf_counter()
             write_checkpoint(cfg, folder)
-            print(f"wrote {cfg.params() / 1e9:.2f} B params (fp32) in {time.perf_counter() - start:.1f} s to {folder}")
+            print(
+                f"wrote {cfg.params() / 1e9:.2f} B params (fp32) in {time.perf_counter() - start:.1f} s to {folder}"
+            )
         rows = run(cfg, folder, args.repeats)
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
-    print(f"\n{cfg.params() / 1e9:.2f} B params, fp32, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"\n{cfg.params() / 1e9:.2f} B params, fp32, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     print("| measure | raw PyTorch | accelerando | ratio | target |")
     print("|---|---|---|---|---|")
     for name, raw, ours, target in rows:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,7 +45,8 @@ def get_max_memory(max_memory: Mapping[DeviceKey, int | str] | None = None) -> d
             )
         converted[key] = convert_file_size_to_int(value)
     indices = sorted(k for k in converted if isinstance(k, int))
-    return {k: converted[k] for k in [*indices, *(n for n in _NAMED_DEVICES if n in converted)]}
+    order: list[DeviceKey] = [*indices, *(n for n in _NAMED_DEVICES if n in converted)]
+    return {k: converted[k] for k in order}
 
 
 def _measure_memory() -> dict[DeviceKey, int]:
@@ -297,7 +299,7 @@ def clean_device_map(device_map: Mapping[str, DeviceKey], module_name: str = "")
     return result
 
 
-def check_device_map(model: nn.Module, device_map: Mapping[str, DeviceKey]) -> None:
+def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
     """Raise ValueError naming every parameter/buffer that no device-map entry covers."""
     missing = [
         name
@@ -310,7 +312,7 @@ def check_device_map(model: nn.Module, device_map: Mapping[str, DeviceKey]) -> N
 
 
 def check_tied_parameters_on_same_device(
-    tied_params: Sequence[Sequence[str]], device_map: Mapping[str, DeviceKey]
+    tied_params: Sequence[Sequence[str]], device_map: Mapping[str, Any]
 ) -> None:
     """Warn for each tied group whose members the map sends to different devices."""
     for group in tied_params:
@@ -321,7 +323,7 @@ def check_tied_parameters_on_same_device(
             )
 
 
-def device_for(name: str, device_map: Mapping[str, DeviceKey]) -> DeviceKey:
+def device_for(name: str, device_map: Mapping[str, Any]) -> Any:
     """Device of a tensor or module name: the entry with the longest matching prefix."""
     best: str | None = None
     for key in device_map:
@@ -334,13 +336,13 @@ def device_for(name: str, device_map: Mapping[str, DeviceKey]) -> DeviceKey:
 
 def resolve_device_map(
     model: nn.Module,
-    device_map: str | Mapping[str, DeviceKey] | None,
+    device_map: str | Mapping[str, Any] | None,
     max_memory: Mapping[DeviceKey, int | str] | None = None,
     no_split_module_classes: Sequence[str] | None = None,
     dtype: torch.dtype | str | None = None,
     offload_buffers: bool = False,
     verbose: bool = False,
-) -> dict[str, DeviceKey] | None:
+) -> dict[str, Any] | None:
     """Turn "auto"/"balanced"/"balanced_low_0"/"sequential" into a map; dicts pass through checked."""
     if device_map is None or isinstance(device_map, Mapping):
         return None if device_map is None else dict(device_map)

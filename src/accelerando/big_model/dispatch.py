@@ -69,7 +69,9 @@ def _is_module(model: nn.Module, name: str) -> bool:
     return True
 
 
-def _tensors_under(model: nn.Module, name: str, offloadable_only: bool = False, buffers: bool = True) -> list[str]:
+def _tensors_under(
+    model: nn.Module, name: str, offloadable_only: bool = False, buffers: bool = True
+) -> list[str]:
     """Tensor names under an entry; with `offloadable_only`, those an offload hook serves."""
     if not _is_module(model, name):
         parent, _, attr = name.rpartition(".")
@@ -80,7 +82,9 @@ def _tensors_under(model: nn.Module, name: str, offloadable_only: bool = False, 
     prefix = f"{name}." if name else ""
     module = model.get_submodule(name)
     if offloadable_only:
-        tensors = named_module_tensors(module, include_buffers=buffers, recurse=True, remove_non_persistent=True)
+        tensors = named_module_tensors(
+            module, include_buffers=buffers, recurse=True, remove_non_persistent=True
+        )
     else:
         tensors = named_module_tensors(module, recurse=True)
     return [prefix + n for n, _ in tensors]
@@ -233,6 +237,43 @@ def _hook_tensor_entries(
         add_hook_to_module(module, hook, append=True)
 
 
+def _attach_hooks(
+    model: nn.Module,
+    device_map: Mapping[str, Any],
+    main: DeviceLike,
+    offloaded: set[str],
+    weights: Mapping[str, torch.Tensor],
+    offload_buffers: bool,
+    skip_keys: str | Sequence[str] | None,
+    preload_module_classes: Sequence[str] | None,
+    force_hooks: bool,
+) -> None:
+    """Offload hooks on offloaded blocks; input-moving hooks on resident ones only if devices differ."""
+    resident = {_key(d) for d in device_map.values() if d not in offloaded}
+    many = len(resident | {_key(main)}) > 1 or force_hooks
+    execution: dict[str, DeviceLike] = {}
+    offload: dict[str, bool] = {}
+    tensor_entries = []
+    for name, device in device_map.items():
+        if device in offloaded and not _is_module(model, name):
+            tensor_entries.append(name)
+        elif device in offloaded or many:
+            execution[name] = main if device in offloaded else device
+            offload[name] = device in offloaded
+    attach_align_device_hook_on_blocks(
+        model,
+        execution,
+        offload,
+        weights,
+        offload_buffers,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        tied_params_map={},
+    )
+    if tensor_entries:
+        _hook_tensor_entries(model, tensor_entries, main, weights, offload_buffers)
+
+
 def dispatch_model(
     model: nn.Module,
     device_map: Mapping[str, DeviceLike],
@@ -273,29 +314,17 @@ def dispatch_model(
     )
     _place_resident(model, device_map, offloaded)
     retie_parameters(model, [g for g in tied if len({_key(device_for(n, device_map)) for n in g}) == 1])
-    resident = {_key(d) for d in device_map.values() if d not in offloaded}
-    many = len(resident | {_key(main)}) > 1 or force_hooks
-    execution: dict[str, DeviceLike] = {}
-    offload: dict[str, bool] = {}
-    tensor_entries = []
-    for name, device in device_map.items():
-        if device in offloaded and not _is_module(model, name):
-            tensor_entries.append(name)
-        elif device in offloaded or many:
-            execution[name] = main if device in offloaded else device
-            offload[name] = device in offloaded
-    attach_align_device_hook_on_blocks(
+    _attach_hooks(
         model,
-        execution,
-        offload,
+        device_map,
+        main,
+        offloaded,
         weights,
         offload_buffers,
-        skip_keys=skip_keys,
-        preload_module_classes=preload_module_classes,
-        tied_params_map={},
+        skip_keys,
+        preload_module_classes,
+        force_hooks,
     )
-    if tensor_entries:
-        _hook_tensor_entries(model, tensor_entries, main, weights, offload_buffers)
     _raise_on_meta(model, link_prefetch_chain(model), "dispatch_model")
     model.hf_device_map = original_map  # type: ignore[assignment]
     return model

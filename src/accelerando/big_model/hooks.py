@@ -92,13 +92,13 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
         existing = None
     module = hook.init_hook(module)
     if existing is not None:
-        module._hf_hook = SequentialHook(existing, hook)
+        setattr(module, "_hf_hook", SequentialHook(existing, hook))  # noqa: B010
         return module
     old_forward = module.forward
-    module._old_forward = old_forward
-    module._hf_hook = hook
+    setattr(module, "_old_forward", old_forward)  # noqa: B010
+    setattr(module, "_hf_hook", hook)  # noqa: B010
     wrapped = functools.update_wrapper(functools.partial(_hooked_forward, module), old_forward)
-    module.forward = wrapped  # type: ignore[method-assign]
+    setattr(module, "forward", wrapped)  # noqa: B010
     return module
 
 
@@ -420,6 +420,41 @@ def attach_align_device_hook(
         )
 
 
+def _attach_uniform(
+    module: nn.Module,
+    execution_device: DeviceLike | None,
+    offload: bool,
+    weights_map: Mapping[str, torch.Tensor] | None,
+    offload_buffers: bool,
+    module_name: str,
+    skip_keys: str | Sequence[str] | None,
+    preload_module_classes: Sequence[str] | None,
+    tied_params_map: dict | None,
+) -> None:
+    """`attach_align_device_hook_on_blocks` with one device for everything."""
+    if offload:
+        attach_align_device_hook(
+            module,
+            execution_device,
+            True,
+            weights_map,
+            offload_buffers,
+            module_name,
+            skip_keys,
+            preload_module_classes,
+            tied_params_map,
+        )
+        return
+    hook = AlignDevicesHook(
+        execution_device,
+        io_same_device=True,
+        skip_keys=skip_keys,
+        place_submodules=True,
+        tied_params_map=tied_params_map,
+    )
+    add_hook_to_module(module, hook)
+
+
 def attach_align_device_hook_on_blocks(
     module: nn.Module,
     execution_device: DeviceLike | MutableMapping[str, DeviceLike] | None = None,
@@ -431,57 +466,40 @@ def attach_align_device_hook_on_blocks(
     preload_module_classes: Sequence[str] | None = None,
     tied_params_map: dict | None = None,
 ) -> None:
-    """One hook per block named in `execution_device`/`offload` (dicts keyed by module name)."""
+    """One hook per block named in `execution_device`/`offload` (dicts keyed by module name).
+
+    An offloaded block gets one hook for its whole subtree (so its weights can be fetched, and
+    prefetched, together); a resident block gets one that moves its inputs.
+    """
     if not isinstance(execution_device, Mapping) and not isinstance(offload, Mapping):
-        if offload:
-            attach_align_device_hook(
-                module,
-                execution_device,
-                True,
-                weights_map,
-                offload_buffers,
-                module_name,
-                skip_keys,
-                preload_module_classes,
-                tied_params_map,
-            )
-        else:
-            hook = AlignDevicesHook(
-                execution_device,
-                io_same_device=True,
-                skip_keys=skip_keys,
-                place_submodules=True,
-                tied_params_map=tied_params_map,
-            )
-            add_hook_to_module(module, hook)
+        _attach_uniform(
+            module,
+            execution_device,
+            bool(offload),
+            weights_map,
+            offload_buffers,
+            module_name,
+            skip_keys,
+            preload_module_classes,
+            tied_params_map,
+        )
         return
-    names = execution_device if isinstance(execution_device, Mapping) else offload
-    devices = (
+    names: Any = execution_device if isinstance(execution_device, Mapping) else offload
+    devices: Any = (
         execution_device if isinstance(execution_device, Mapping) else dict.fromkeys(names, execution_device)
     )
-    offloads = offload if isinstance(offload, Mapping) else dict.fromkeys(names, offload)
-    if module_name in devices and offloads.get(module_name, False):
-        prefixed = (
-            PrefixedDataset(weights_map, f"{module_name}.")
-            if weights_map is not None and module_name
-            else weights_map
-        )
-        hook = AlignDevicesHook(
-            devices[module_name],
-            True,
-            module_name == "",
-            prefixed,
-            offload_buffers,
-            place_submodules=True,
-            skip_keys=skip_keys,
-            tied_params_map=tied_params_map,
-        )
-        add_hook_to_module(module, hook)
-        return
+    offloads: Any = offload if isinstance(offload, Mapping) else dict.fromkeys(names, offload)
     if module_name in devices:
+        is_offloaded = bool(offloads.get(module_name, False))
+        prefixed = weights_map
+        if is_offloaded and weights_map is not None and module_name:
+            prefixed = PrefixedDataset(weights_map, f"{module_name}.")
         hook = AlignDevicesHook(
             devices[module_name],
-            io_same_device=module_name == "",
+            is_offloaded,
+            module_name == "",
+            prefixed if is_offloaded else None,
+            offload_buffers,
             place_submodules=True,
             skip_keys=skip_keys,
             tied_params_map=tied_params_map,

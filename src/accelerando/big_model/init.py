@@ -52,7 +52,7 @@ def init_on_device(device: DeviceLike, include_buffers: bool | None = None) -> I
             moved = kind(param.data.to(target), requires_grad=param.requires_grad, **extra)
         module._parameters[name] = moved
 
-    nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+    nn.Module.register_parameter = register_parameter  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

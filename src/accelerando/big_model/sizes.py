@@ -117,7 +117,7 @@ def _split_name(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 def _get_tensor(model: nn.Module, name: str) -> torch.Tensor:
     parent, attr = _split_name(model, name)
-    tensor = parent._parameters.get(attr)
+    tensor: torch.Tensor | None = parent._parameters.get(attr)
     if tensor is None:
         tensor = parent._buffers.get(attr)
     if tensor is None:

@@ -145,7 +145,8 @@ def send_to_device(
 
 def _rebuild_mapping(data: Mapping, values: dict) -> Any:
     try:
-        return type(data)(values)
+        rebuilt: Any = type(data)
+        return rebuilt(values)
     except TypeError:
         return values
 

@@ -43,7 +43,9 @@ def _target(path: str | None) -> Path:
     return Path(path).expanduser() if path else default_config_path()
 
 
-def ask(prompt: str, default: Any, convert: Callable[[str], Any] = str, read: Callable[[str], str] = input) -> Any:
+def ask(
+    prompt: str, default: Any, convert: Callable[[str], Any] = str, read: Callable[[str], str] = input
+) -> Any:
     """One question; empty answer (or end of input) keeps the default; bad answers are asked again."""
     for _ in range(5):
         try:
@@ -121,7 +123,9 @@ def run_default(args: argparse.Namespace) -> int:
 
     path = _target(args.config_file)
     if path.exists():
-        print(f"accelerando config default: {path} already exists; remove it or use `accelerando config update`")
+        print(
+            f"accelerando config default: {path} already exists; remove it or use `accelerando config update`"
+        )
         return 0
     device = accelerator_device()
     count = device.device_count() if device.type != "cpu" else 0

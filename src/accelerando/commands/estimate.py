@@ -24,7 +24,9 @@ STRATEGIES = ("single", "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP")
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = sub.add_parser("estimate-memory", help="estimate training memory of a model built on meta")
-    parser.add_argument("model", help="path to a transformers config.json (or its folder), or module:callable")
+    parser.add_argument(
+        "model", help="path to a transformers config.json (or its folder), or module:callable"
+    )
     add_flag(parser, "dtypes", nargs="+", default=["float32", "bfloat16"], choices=tuple(DTYPE_BYTES),
              help="weight dtypes to show")  # fmt: skip
     add_flag(parser, "num_processes", type=int, default=8, help="processes that share the work (default 8)")
@@ -125,7 +127,9 @@ def table(size: ModelSize, dtypes: list[str], world: int) -> str:
     for dtype in dtypes:
         for strategy in STRATEGIES:
             e = estimate(size.parameters, dtype, strategy, world)
-            rows.append((dtype, strategy, human(e.weights), human(e.gradients), human(e.optimizer), human(e.total)))
+            rows.append(
+                (dtype, strategy, human(e.weights), human(e.gradients), human(e.optimizer), human(e.total))
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [
         f"Memory for training {size.name}: {size.parameters:,} parameters, largest layer {size.largest_layer:,}; "

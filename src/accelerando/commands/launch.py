@@ -19,18 +19,24 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(general, "config_file", default=None, help="config file (default: `accelerando config`'s file)")
     add_flag(general, "quiet", "-q", action="store_true", help="do not print the resolved configuration")
     add_flag(general, "module", "-m", action="store_true", help="run the target as a module, like python -m")
-    add_flag(general, "no_python", action="store_true", help="run the target as an executable, not with python")
+    add_flag(
+        general, "no_python", action="store_true", help="run the target as an executable, not with python"
+    )
     groups: dict[str, argparse._ArgumentGroup] = {"General": general}
     for opt in OPTIONS:
         group = groups.get(opt.group) or groups.setdefault(opt.group, parser.add_argument_group(opt.group))
         help_text = opt.help + (f" (default: {opt.default})" if opt.default not in (None, "") else "")
         if opt.kind == "switch":
-            add_flag(group, opt.name, opt.short, action="store_true", default=argparse.SUPPRESS, help=help_text)
+            add_flag(
+                group, opt.name, opt.short, action="store_true", default=argparse.SUPPRESS, help=help_text
+            )
         else:
             metavar = "{" + ",".join(opt.choices) + "}" if opt.choices else opt.kind.upper()
             add_flag(group, opt.name, opt.short, type=_KIND_TYPES[opt.kind], default=argparse.SUPPRESS,
                      metavar=metavar, help=help_text)  # fmt: skip
-    parser.add_argument("training_script", help="script path (or module with -m, executable with --no_python)")
+    parser.add_argument(
+        "training_script", help="script path (or module with -m, executable with --no_python)"
+    )
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 

@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "launch": "accelerando.commands.launch",
     "test": "accelerando.commands.test",
     "estimate-memory": "accelerando.commands.estimate",
+    "merge-weights": "accelerando.commands.merge_weights",
 }
 
 

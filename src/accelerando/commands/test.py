@@ -31,5 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from accelerando.commands.main import main
 
     status = main(launch_argv(args.config_file))
-    print(SUCCESS if status == 0 else f"accelerando test: FAILED (exit status {status}); see the output above")
+    print(
+        SUCCESS if status == 0 else f"accelerando test: FAILED (exit status {status}); see the output above"
+    )
     return status

@@ -322,9 +322,6 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
 
     even_batches = DataLoaderShard.even_batches
 
-    def _apply_epoch(self, epoch: int) -> None:
-        self._shard.set_epoch(epoch)
-
     def _full_length(self) -> int:
         return int(self._shard.length_for(self._rank))
 

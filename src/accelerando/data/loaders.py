@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from accelerando.data.samplers import SeedableRandomSampler
 from accelerando.data.sharding import num_samples_of_rank as sh_num_samples
 from accelerando.data.sharding import remainder as sh_remainder
 from accelerando.ops.tree import send_to_device
@@ -121,7 +122,17 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         return -1
 
     def _apply_epoch(self, epoch: int) -> None:
-        """Tell the sampler / dataset which epoch the coming pass is."""
+        """Tell the sampler / dataset which epoch (and seed, after a restore) the coming pass uses."""
+        shard = self._shard  # type: ignore[attr-defined]
+        shard.set_epoch(epoch)
+        inner = getattr(getattr(shard, "batch_sampler", None), "sampler", None)
+        if isinstance(inner, SeedableRandomSampler):
+            inner.initial_seed = self._progress.seed
+
+    def get_sampler(self) -> Any:
+        """The index sampler (Accelerate's accessor)."""
+        inner = getattr(self._shard, "batch_sampler", None)  # type: ignore[attr-defined]
+        return getattr(inner, "sampler", inner)
 
     # -- public surface ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -305,13 +316,6 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):
         """Takes effect on the next pass (`join_uneven_inputs` flips it for evaluation)."""
         self._shard.even_batches = bool(value)
 
-    def get_sampler(self) -> Any:
-        inner = getattr(self._shard, "batch_sampler", None)
-        return getattr(inner, "sampler", inner)
-
-    def _apply_epoch(self, epoch: int) -> None:
-        self._shard.set_epoch(epoch)
-
     def _full_length(self) -> int:
         shard = self._shard
         if hasattr(shard, "full_length"):
@@ -341,3 +345,16 @@ if StatefulDataLoader is not None:
 
 else:  # pragma: no cover
     StatefulDataLoaderShard = None  # type: ignore[assignment,misc]
+
+
+def __getattr__(name: str) -> Any:
+    """`prepare_data_loader` / `skip_first_batches` live in their own modules (which import this one)."""
+    if name == "prepare_data_loader":
+        from accelerando.data.prepare import prepare_data_loader
+
+        return prepare_data_loader
+    if name == "skip_first_batches":
+        from accelerando.data.skip import skip_first_batches
+
+        return skip_first_batches
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

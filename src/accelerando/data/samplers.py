@@ -35,7 +35,9 @@ class SeedableRandomSampler(RandomSampler):
 
     It never draws from the global torch RNG (so the training loop's randomness is not shifted by
     iterating data) and never touches a generator the user passed. The order for a given
-    `data_seed` and epoch is the one Accelerate's sampler of the same name gives.
+    `data_seed` and epoch is the one Accelerate's sampler of the same name gives. Like
+    `DistributedSampler`, it does not advance by itself: iterating it twice gives the same order
+    (re-iterating is how resumption fast-forwards); call `set_epoch` (prepared loaders do).
     """
 
     def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
@@ -59,7 +61,6 @@ class SeedableRandomSampler(RandomSampler):
             for _ in range(total // n):
                 yield from torch.randperm(n, generator=gen).tolist()
             yield from torch.randperm(n, generator=gen).tolist()[: total % n]
-        self.epoch += 1  # standalone use: a new order next pass (a prepared loader sets it anyway)
 
 
 def _set_epoch(obj: Any, epoch: int) -> None:

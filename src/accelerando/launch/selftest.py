@@ -7,6 +7,7 @@ agree, and one DDP training step keeps the model identical on every rank.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 
@@ -24,12 +25,14 @@ def main() -> int:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    prepared: Any = accelerator.prepare(model, optimizer)
+    model, optimizer = prepared
     inputs = torch.full((2, 4), float(rank + 1), device=accelerator.device)
     loss = model(inputs).pow(2).mean()
     accelerator.backward(loss)
     optimizer.step()
-    weight = accelerator.unwrap_model(model).weight.detach().flatten()
+    net: Any = accelerator.unwrap_model(model)
+    weight = net.weight.detach().flatten()
     gathered = accelerator.gather(weight[None]).reshape(n, -1)
     checks.append(("training step in sync", bool(torch.allclose(gathered, gathered[0].expand_as(gathered)))))
     accelerator.wait_for_everyone()

@@ -29,6 +29,7 @@ _SKIP = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen ru
 
 def _user_frames(tb: TracebackType | None, skip: frozenset[str] = frozenset()) -> TracebackType | None:
     """Drop the leading frames of this file and of runpy (and `skip`), which only add noise."""
+
     def name(frame_tb: TracebackType) -> str:
         filename = frame_tb.tb_frame.f_code.co_filename
         return filename if filename.startswith("<") else os.path.abspath(filename)

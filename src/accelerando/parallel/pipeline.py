@@ -162,9 +162,13 @@ def prepare_pippy(
         if len(points) != world - 1:
             raise ValueError(f"{len(points)} split point(s) {points} for {world} processes; give {world - 1}")
     schedule = build_pipeline(model, points, tuple(example_args), example_kwargs, chunks)
-    model._original_forward = model.forward
-    model._original_call = model.__call__
-    model.pippy_stage = schedule
-    model.hf_split_points = points
-    model.forward = functools.partial(pippy_forward, schedule.step, chunks, gather_output)  # type: ignore[method-assign]
+    attributes = {
+        "_original_forward": model.forward,
+        "_original_call": model.__call__,
+        "pippy_stage": schedule,
+        "hf_split_points": points,
+        "forward": functools.partial(pippy_forward, schedule.step, chunks, gather_output),
+    }
+    for name, value in attributes.items():
+        setattr(model, name, value)
     return model

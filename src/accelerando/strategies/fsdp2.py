@@ -227,7 +227,8 @@ class FSDP2Strategy(Strategy):
         extra: dict[str, Any] = {"strict": strict}
         if full and self.sharding:
             extra.update(broadcast_from_rank0=True, cpu_offload=False)
-        return set_model_state_dict(_inner(model), state_dict, options=self._options(full, **extra))
+        # torch fills the dict it is given with shards: copy so the caller's dict stays as it was.
+        return set_model_state_dict(_inner(model), dict(state_dict), options=self._options(full, **extra))
 
     def optimizer_state_dict(
         self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, *, full: bool = True
@@ -251,7 +252,7 @@ class FSDP2Strategy(Strategy):
         optimizer = _raw_optimizer(optimizer)
         owner = self._owner(model, optimizer)
         extra: dict[str, Any] = {"broadcast_from_rank0": True, "cpu_offload": False} if full and self.sharding else {}
-        set_optimizer_state_dict(owner, optimizer, state_dict, options=self._options(full, **extra))
+        set_optimizer_state_dict(owner, optimizer, _copy_containers(state_dict), options=self._options(full, **extra))
 
     def _owner(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """The prepared model whose parameters this optimizer updates (the hooks may pass None)."""
@@ -293,6 +294,15 @@ def total_grad_norm(grads: list[torch.Tensor], norm_type: float = 2.0) -> torch.
     if math.isinf(norm_type):
         return stacked.max()
     return stacked.pow(norm_type).sum().pow(1.0 / norm_type)
+
+
+def _copy_containers(obj: Any) -> Any:
+    """New dicts and lists all the way down, the same tensors inside."""
+    if isinstance(obj, dict):
+        return {k: _copy_containers(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_copy_containers(v) for v in obj]
+    return obj
 
 
 def _raw_optimizer(optimizer: Any) -> torch.optim.Optimizer:

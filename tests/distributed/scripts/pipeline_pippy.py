@@ -47,7 +47,9 @@ def main() -> None:
 
     # automatic split points, output only on the last rank
     model = prepare_pippy(build(), no_split_module_classes=["Block"], example_args=(x,), num_chunks=4)
-    assert len(model.hf_split_points) == 1 and model.hf_split_points[0].startswith("layers."), model.hf_split_points
+    assert len(model.hf_split_points) == 1 and model.hf_split_points[0].startswith("layers."), (
+        model.hf_split_points
+    )
     with torch.no_grad():
         out = model(x)
     if rank == world - 1:

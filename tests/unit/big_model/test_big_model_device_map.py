@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from bigmodel_toys import Toy
 
+from accelerando.big_model.device_map import device_for, resolve_device_map
 from accelerando.big_model.init import init_empty_weights
 from accelerando.utils.modeling import (
     check_device_map,
@@ -14,7 +15,6 @@ from accelerando.utils.modeling import (
     get_max_memory,
     infer_auto_device_map,
 )
-from accelerando.big_model.device_map import device_for, resolve_device_map
 
 BLOCK = 1184
 
@@ -64,7 +64,9 @@ def test_accelerator_indices_planned_without_devices() -> None:
 def test_no_split_class_is_never_cut() -> None:
     model = meta_toy()
     for no_split in (["Block"], []):
-        device_map = infer_auto_device_map(model, {"cpu": 2500}, no_split_module_classes=no_split, clean_result=False)
+        device_map = infer_auto_device_map(
+            model, {"cpu": 2500}, no_split_module_classes=no_split, clean_result=False
+        )
         for name in device_map:
             if no_split:
                 assert not name.startswith("blocks.0.")
@@ -84,7 +86,9 @@ def test_fallback_allocation_uses_a_device_the_next_module_skipped() -> None:
     budget = {0: 600 + BLOCK, 1: 600, "cpu": 10**6}
     plain = infer_auto_device_map(model, budget, no_split_module_classes=["Block"])
     assert 1 not in plain.values()
-    fallback = infer_auto_device_map(model, budget, no_split_module_classes=["Block"], fallback_allocation=True)
+    fallback = infer_auto_device_map(
+        model, budget, no_split_module_classes=["Block"], fallback_allocation=True
+    )
     assert 1 in fallback.values()
     check_device_map(model, fallback)
 

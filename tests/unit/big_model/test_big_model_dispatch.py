@@ -65,12 +65,16 @@ def test_tied_head_on_disk(tmp_path: Path) -> None:
 def test_prefetch_asks_for_the_next_offloaded_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     checkpoint(tmp_path)
     model = load_checkpoint_and_dispatch(
-        meta_toy(), tmp_path, device_map={"embed": "cpu", "blocks": "disk", "head": "cpu", "scale": "cpu", "table": "cpu"}
+        meta_toy(),
+        tmp_path,
+        device_map={"embed": "cpu", "blocks": "disk", "head": "cpu", "scale": "cpu", "table": "cpu"},
     )
     hooks = [model.blocks[i]._hf_hook for i in range(4)]
     assert [h.next_hook for h in hooks] == hooks[1:] + hooks[:1]
     advised: list[tuple[int, int]] = []
-    monkeypatch.setattr(offload_module, "_advise", lambda file, offset, length: advised.append((offset, length)))
+    monkeypatch.setattr(
+        offload_module, "_advise", lambda file, offset, length: advised.append((offset, length))
+    )
     model(inputs())
     spans = offload_module._SPANS[str((tmp_path / "model.safetensors").resolve())]
     assert spans["blocks.1.up.weight"] in advised and spans["blocks.0.up.weight"] in advised
@@ -116,7 +120,11 @@ def test_public_names_are_one_object() -> None:
 
     assert big_modeling.dispatch_model is dispatch.dispatch_model
     assert public_hooks.AlignDevicesHook is hooks.AlignDevicesHook is big_modeling.AlignDevicesHook
-    assert modeling.infer_auto_device_map is device_map.infer_auto_device_map is big_modeling.infer_auto_device_map
+    assert (
+        modeling.infer_auto_device_map
+        is device_map.infer_auto_device_map
+        is big_modeling.infer_auto_device_map
+    )
     assert inference.prepare_pippy is pipeline.prepare_pippy
     assert public_offload.OffloadedWeightsLoader is offload_module.OffloadedWeightsLoader
 

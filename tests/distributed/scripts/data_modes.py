@@ -1,0 +1,266 @@
+"""2-rank data-loading checks in one launch; then saves loader states for data_resume.py.
+
+Usage: torchrun --nproc_per_node=2 data_modes.py OUT_DIR
+Every mode's per-rank batches are compared with a brute-force simulation, and the union of the
+ranks' samples with the dataset (no duplicates, nothing missing, order as documented).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from accelerando.config.options import DataLoaderConfiguration as Config
+from accelerando.data import prepare_data_loader, skip_first_batches
+from accelerando.data.samplers import SeedableRandomSampler
+
+
+class Indexed(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Stream(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+class Nested(Dataset):
+    def __len__(self) -> int:
+        return 11
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": torch.full((2,), float(i)), "name": f"s{i}", "pair": (i, torch.tensor([i, -i]))}
+
+
+class OddEven:
+    """A custom batch sampler (uneven sizes) that prepare must keep."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        for start in (0, 1):
+            part = list(range(start, self.n, 2))
+            for i in range(0, len(part), 3):
+                yield part[i : i + 3]
+
+    def __len__(self) -> int:
+        return sum(-(-len(range(s, self.n, 2)) // 3) for s in (0, 1))
+
+
+RANK, WORLD = 0, 1
+
+
+def prep(dl: DataLoader, **cfg) -> DataLoader:
+    return prepare_data_loader(
+        dl, num_processes=WORLD, process_index=RANK, device=None, config=Config(**cfg), gradient_state=None
+    )
+
+
+def as_ids(batch) -> list[int]:
+    if isinstance(batch, dict):
+        return [int(v) for v in batch["x"][:, 0].tolist()]
+    return [int(v) for v in batch.tolist()]
+
+
+def drain(loader: DataLoader) -> list[list[int]]:
+    """All batches of one pass, checking the bookkeeping the gradient state reads."""
+    try:
+        expected: int | None = len(loader)  # the length of the coming pass (a skip shortens it)
+    except TypeError:  # an iterable dataset without a length
+        assert isinstance(loader.dataset, IterableDataset)
+        expected = None
+    out, ends = [], []
+    for batch in loader:
+        out.append(as_ids(batch))
+        assert loader.batches_yielded == len(out)
+        ends.append(loader.end_of_dataloader)
+        if expected is not None:
+            assert len(loader) - loader.batches_yielded == expected - len(out)
+    assert ends == [False] * (len(out) - 1) + [True] * bool(out), ends
+    assert expected is None or len(out) == expected, (len(out), expected)
+    return out
+
+
+def everyone(obj) -> list:
+    box = [None] * WORLD
+    dist.all_gather_object(box, obj)
+    return box
+
+
+def reference(order: list[int], b: int, split: bool, even: bool, drop: bool) -> list[list[list[int]]]:
+    """Brute force: cut torch-style batches, then deal / split them as documented."""
+    n = WORLD
+    batches = [order[i : i + b] for i in range(0, len(order), b)]
+    if drop:
+        batches = [x for x in batches if len(x) == b]
+    cycle = itertools.cycle(order)
+    out: list[list[list[int]]] = [[] for _ in range(n)]
+    size, groups = (b, [[x] for x in batches]) if split else (n * b, [batches[i : i + n] for i in range(0, len(batches), n)])
+    for group in groups:
+        flat = [i for x in group for i in x]
+        if len(flat) < size:
+            if drop:
+                break
+            if even:
+                flat += [next(cycle) for _ in range(size - len(flat))]
+        p = size // n
+        for r in range(n):
+            if flat[r * p : (r + 1) * p]:
+                out[r].append(flat[r * p : (r + 1) * p])
+    return out
+
+
+def check_union(per_rank: list[list[list[int]]], order: list[int], even: bool, drop: bool) -> None:
+    seen = [i for rank in per_rank for batch in rank for i in batch]
+    if not even and not drop:
+        assert sorted(seen) == sorted(order), "every sample exactly once"
+    if even or drop:
+        assert len({len(r) for r in per_rank}) == 1, "same number of steps on every rank"
+    if drop:
+        assert len(seen) == len(set(seen))
+
+
+def check_map_style() -> None:
+    for n, b, shuffle, split, even, drop in itertools.product((23, 3), (4,), *([(False, True)] * 4)):
+        loader = prep(DataLoader(Indexed(n), batch_size=b, shuffle=shuffle, drop_last=drop), split_batches=split, even_batches=even)
+        got = everyone(drain(loader))
+        seeds = everyone(loader.seed)
+        assert seeds[0] == seeds[1] or not shuffle, "the shuffle seed is shared"
+        order = list(SeedableRandomSampler(range(n), data_seed=seeds[0])) if shuffle else list(range(n))
+        assert got == reference(order, b, split, even, drop), (n, shuffle, split, even, drop, got)
+        check_union(got, order, even, drop)
+        for dispatch_cfg in ({"dispatch_batches": True},):
+            disp = prep(DataLoader(Indexed(n), batch_size=b, shuffle=shuffle, drop_last=drop), split_batches=split, even_batches=even, data_seed=seeds[0], **dispatch_cfg)
+            assert everyone(drain(disp)) == got, ("dispatch", n, shuffle, split, even, drop)
+    for even in (False, True):
+        loader = prep(DataLoader(Indexed(17), batch_sampler=OddEven(17)), even_batches=even)
+        assert type(loader.batch_sampler.batch_sampler) is OddEven
+        got = everyone(drain(loader))
+        source = list(OddEven(17))
+        deal = [source[r::2] for r in range(2)]
+        if even and len(source) % 2:
+            deal[1].append(source[0])
+        assert got == deal, (even, got)
+        disp = prep(DataLoader(Indexed(17), batch_sampler=OddEven(17)), even_batches=even, dispatch_batches=True)
+        assert everyone(drain(disp)) == got
+
+
+def check_iterable() -> None:
+    for n, split, even, drop in itertools.product((22, 3), *([(False, True)] * 3)):
+        kw = {"split_batches": split, "even_batches": even}
+        local = prep(DataLoader(Stream(n), batch_size=4, drop_last=drop), dispatch_batches=False, **kw)
+        got = everyone(drain(local))
+        assert got == reference(list(range(n)), 4, split, even, drop), (n, split, even, drop, got)
+        check_union(got, list(range(n)), even, drop)
+        disp = prep(DataLoader(Stream(n), batch_size=4, drop_last=drop), **kw)  # dispatch is the default
+        assert type(disp).__name__ == "DataLoaderDispatcher"
+        assert everyone(drain(disp)) == got, ("dispatch", n, split, even, drop)
+
+
+def check_nested_dispatch() -> None:
+    loader = prep(DataLoader(Nested(), batch_size=3), dispatch_batches=True, even_batches=False)
+    batches = list(loader)
+    mine = [i for b in batches for i in as_ids(b)]
+    for b in batches:
+        ids = as_ids(b)
+        assert b["name"] == [f"s{i}" for i in ids] and b["pair"][0].tolist() == ids
+        assert b["pair"][1].tolist() == [[i, -i] for i in ids]
+    assert sorted(sum(everyone(mine), [])) == list(range(11))
+
+
+def check_rng_untouched_and_skip() -> None:
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    loader = prep(DataLoader(Indexed(40), batch_size=2, shuffle=True))
+    full = drain(loader)
+    assert torch.equal(before, torch.get_rng_state()), "iterating must not draw from the global RNG"
+    loader.set_epoch(0)
+    assert drain(skip_first_batches(loader, 3)) == full[3:]
+    for dispatch in (False, True):
+        it = prep(DataLoader(Stream(30), batch_size=2), dispatch_batches=dispatch)
+        whole = drain(it)
+        assert drain(skip_first_batches(it, 4)) == whole[4:]
+
+
+def check_gather_for_metrics() -> None:
+    from accelerando import Accelerator
+
+    acc = Accelerator()
+    for n, b in ((13, 4), (16, 4), (3, 4)):
+        loader = acc.prepare(DataLoader(Indexed(n), batch_size=b))
+        seen: list[int] = []
+        for batch in loader:
+            seen += acc.gather_for_metrics(batch).tolist()
+        assert seen == list(range(n)), (n, seen)
+        it = acc.prepare(DataLoader(Stream(n), batch_size=b))
+        seen = []
+        for batch in it:
+            seen += acc.gather_for_metrics(batch).tolist()
+        assert seen == list(range(n)), ("iterable", n, seen)
+
+
+STATE_CASES = {
+    "plain": ({}, 0),
+    "split": ({"split_batches": True}, 0),
+    "dispatch": ({"dispatch_batches": True}, 0),
+    "workers": ({}, 2),
+    "iterable_dispatch": ({}, -1),
+}
+
+
+def make_state_loader(name: str, stateful: bool) -> DataLoader:
+    cfg, workers = STATE_CASES[name]
+    if workers < 0:
+        dl = DataLoader(Stream(70), batch_size=2)
+    else:
+        dl = DataLoader(Indexed(70), batch_size=2, shuffle=True, num_workers=workers)
+    return prep(dl, use_stateful_dataloader=stateful, **cfg)
+
+
+def save_states(out: Path) -> None:
+    for name, stateful in itertools.product(STATE_CASES, (False, True)):
+        loader = make_state_loader(name, stateful)
+        loader.set_epoch(1)
+        it = iter(loader)
+        for _ in range(7):
+            next(it)
+        state = loader.state_dict()
+        assert state["batches"] == 7 and state["epoch"] == 1
+        rest = [as_ids(b) for b in it]
+        torch.save({"state": state, "rest": rest}, out / f"{name}_{int(stateful)}_rank{RANK}.pt")
+
+
+def main() -> None:
+    global RANK, WORLD
+    dist.init_process_group("gloo")
+    RANK, WORLD = dist.get_rank(), dist.get_world_size()
+    out = Path(sys.argv[1])
+    check_map_style()
+    check_iterable()
+    check_nested_dispatch()
+    check_rng_untouched_and_skip()
+    save_states(out)
+    check_gather_for_metrics()
+    dist.barrier()
+    if RANK == 0:
+        print("data modes passed")
+
+
+if __name__ == "__main__":
+    main()
