@@ -16,6 +16,7 @@ from accelerando.config.options import (
     ProfileKwargs,
     ProjectConfiguration,
 )
+from accelerando.launchers import debug_launcher, notebook_launcher
 from accelerando.state import PartialState
 from accelerando.utils.imports import is_rich_available
 from accelerando.utils.memory import find_executable_batch_size
@@ -45,6 +46,8 @@ __all__ = [
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "PartialState",
+    "debug_launcher",
+    "notebook_launcher",
     "ProfileKwargs",
     "ProjectConfiguration",
     "find_executable_batch_size",

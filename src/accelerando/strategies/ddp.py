@@ -40,9 +40,16 @@ class DDPStrategy(Strategy):
         if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise: inference models stay unwrapped
         device_ids = None if self.ctx.device.type == "cpu" else [self.ctx.device.index or 0]
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs.to_dict())
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self._ddp_arguments())
         self._register_comm_hook(wrapped)
         return wrapped
+
+    def _ddp_arguments(self) -> dict[str, Any]:
+        """Only what the user changed: torch 2.13 deprecates passing `broadcast_buffers` at all."""
+        changed = self.ddp_kwargs.to_kwargs()
+        for key in ("comm_hook", "comm_wrapper", "comm_state_option", "check_reduction"):
+            changed.pop(key, None)
+        return changed
 
     def _register_comm_hook(self, model: DistributedDataParallel) -> None:
         hook_type = DDPCommunicationHookType(self.ddp_kwargs.comm_hook)

@@ -1,0 +1,17 @@
+"""Data loading on 2 real gloo processes: every mode against a brute-force reference, then resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from accelerando.testing import run_distributed
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def test_every_mode_and_exact_resume_in_fresh_processes(tmp_path: Path) -> None:
+    first = run_distributed(SCRIPTS / "data_modes.py", args=[str(tmp_path)], timeout=240)
+    assert "data modes passed" in first.stdout
+    assert len(list(tmp_path.glob("*.pt"))) == 20  # 5 modes x (plain, stateful) x 2 ranks
+    second = run_distributed(SCRIPTS / "data_resume.py", args=[str(tmp_path)], timeout=240)
+    assert "data resume passed (10 loaders per rank)" in second.stdout

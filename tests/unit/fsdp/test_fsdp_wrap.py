@@ -1,0 +1,68 @@
+"""Wrapping plans (pure: no process group) and the single-process fallback of the strategy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accelerando.config.fsdp import FullyShardedDataParallelPlugin as Plugin
+from accelerando.strategies.fsdp2 import total_grad_norm
+from accelerando.strategies.fsdp_wrap import infer_block_classes, plan_wrapping
+
+
+class Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+
+class Tower(torch.nn.Module):
+    def __init__(self, n: int = 3) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 8)
+        self.layers = torch.nn.ModuleList(Layer() for _ in range(n))
+        self.head = torch.nn.Linear(8, 10)
+
+
+def test_repeated_blocks_are_inferred() -> None:
+    plan = plan_wrapping(Tower(), Plugin())
+    assert plan.classes == ("Layer",) * 3 and "repeated blocks" in plan.reason
+
+
+def test_no_split_modules_win_over_repetition() -> None:
+    model = Tower()
+    model._no_split_modules = ["Linear"]  # type: ignore[assignment]
+    names, source = infer_block_classes(model)
+    assert names == ["Linear"] and source == "the model's _no_split_modules"
+
+
+def test_explicit_classes_children_first_and_unknown_refused() -> None:
+    plan = plan_wrapping(Tower(), Plugin(transformer_cls_names_to_wrap="Layer,Linear"))
+    assert plan.classes.index("Linear") < plan.classes.index("Layer")
+    with pytest.raises(ValueError, match="does not contain.*Layer"):
+        plan_wrapping(Tower(), Plugin(transformer_cls_names_to_wrap=["DecoderLayer"]))
+
+
+def test_size_based_follows_fsdp1_rule() -> None:
+    # Linear(8, 8) has 72 parameters; a Layer 144.
+    plan = plan_wrapping(Tower(), Plugin(auto_wrap_policy="size_based_wrap", min_num_params=100))
+    assert plan.classes == ("Layer",) * 3
+    plan = plan_wrapping(Tower(), Plugin(auto_wrap_policy="size_based_wrap", min_num_params=50))
+    assert plan.classes.count("Linear") == 7 and "Layer" not in plan.classes
+
+
+def test_no_wrap_and_callables() -> None:
+    assert plan_wrapping(Tower(), Plugin(auto_wrap_policy="no_wrap")).modules == []
+    plan = plan_wrapping(Tower(), Plugin(auto_wrap_policy=lambda m: isinstance(m, torch.nn.Embedding)))
+    assert plan.classes == ("Embedding",)
+
+    def fsdp1_style(module: torch.nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+        return not recurse and nonwrapped_numel >= 100 and isinstance(module, Layer)
+
+    assert plan_wrapping(Tower(), Plugin(auto_wrap_policy=fsdp1_style)).classes == ("Layer",) * 3
+
+
+def test_total_grad_norm_plain_tensors() -> None:
+    grads = [torch.tensor([3.0, 0.0]), torch.tensor([4.0])]
+    assert total_grad_norm(grads).item() == pytest.approx(5.0)
+    assert total_grad_norm(grads, float("inf")).item() == pytest.approx(4.0)
