@@ -105,6 +105,7 @@ class _Plan:
     ties: list[list[str]]
     pending: list[tuple[str, nn.Module | torch.Tensor]]
     fallback: bool
+    buffer_sizes: Mapping[str, int] = field(default_factory=dict)
     index: int = 0
     used: dict[DeviceKey, int] = field(default_factory=dict)
     device_map: dict[str, DeviceKey] = field(default_factory=dict)
@@ -122,7 +123,13 @@ class _Plan:
         if device not in self._main_devices() or self.remaining() + incoming <= self.free(device):
             return 0
         layer, _ = get_max_layer_size(self.pending, self.sizes, sorted(self.no_split))
-        return layer
+        return layer + sum(self.buffer_sizes.get(name, 0) for name, _ in self.pending)
+
+    def charge_buffers(self, name: str, device: DeviceKey) -> None:
+        """Buffers of an offloaded entry stay on the execution device (unless offload_buffers)."""
+        main = self._main_devices()[0]
+        if device != main and (device == "disk" or main != "cpu") and self.buffer_sizes.get(name):
+            self.used[main] = self.used.get(main, 0) + self.buffer_sizes[name]
 
     def _main_devices(self) -> list[DeviceKey]:
         accel = [d for d in self.devices if d not in ("cpu", "disk")]
@@ -134,6 +141,7 @@ class _Plan:
     def assign(self, name: str, device: DeviceKey, size: int, why: str = "") -> None:
         self.device_map[name] = device
         self.used[device] = self.used.get(device, 0) + size
+        self.charge_buffers(name, device)
         if why:
             self.notes.append(f"{name} -> {device}: {why}")
 
@@ -241,6 +249,9 @@ def infer_auto_device_map(
         budget={**budget, "disk": budget.get("disk", 0)},
         devices=[*budget, *(["disk"] if "disk" not in budget else [])],
         sizes=compute_module_sizes(model, dtype, special_dtypes),
+        buffer_sizes={}
+        if offload_buffers
+        else compute_module_sizes(model, dtype, special_dtypes, buffers_only=True),
         no_split=set(no_split_module_classes or []),
         ties=find_tied_parameters(model),
         pending=[*named_module_tensors(model, recurse=False), *model.named_children()],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,6 +20,7 @@ from accelerando.big_model.device_map import (
     resolve_device_map,
 )
 from accelerando.big_model.hooks import (
+    GUARDED_MOVES,
     AlignDevicesHook,
     CpuOffload,
     ModelHook,
@@ -36,6 +39,8 @@ from accelerando.big_model.offload import (
 )
 from accelerando.big_model.sizes import find_tied_parameters, named_module_tensors, retie_parameters
 from accelerando.big_model.tensors import DeviceLike, as_torch_device, set_module_tensor_to_device
+
+logger = logging.getLogger(__name__)
 
 
 def _check_values(device_map: Mapping[str, Any]) -> None:
@@ -326,8 +331,36 @@ def dispatch_model(
         force_hooks,
     )
     _raise_on_meta(model, link_prefetch_chain(model), "dispatch_model")
+    _guard_moves(model)
     model.hf_device_map = original_map  # type: ignore[assignment]
     return model
+
+
+def _guard_moves(model: nn.Module) -> None:
+    """`model.to(device)` / `.cuda()` on a dispatched model: refuse while weights are offloaded, else warn.
+
+    dtype-only `.to(torch.float16)` passes (offload hooks cast served weights to the meta dtype).
+    """
+    names = [n for n in ("to", "cuda", "xpu", "npu", "mlu") if hasattr(model, n)]
+    for name in names:
+        setattr(model, name, _guarded(getattr(model, name), model, name))
+    setattr(model, GUARDED_MOVES, names)
+
+
+def _guarded(fn: Any, model: nn.Module, name: str) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if name == "to" and torch._C._nn._parse_to(*args, **kwargs)[0] is None:
+            return fn(*args, **kwargs)
+        if any(p.device.type == "meta" for p in model.parameters()):
+            raise RuntimeError(
+                f"model.{name}() on a model with offloaded weights: they live on disk/cpu and are served by "
+                "hooks; call accelerando.hooks.remove_hook_from_submodules(model) and load it fully first"
+            )
+        logger.warning("moving a model dispatched over several devices: its device hooks still apply")
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _first_device(model: nn.Module) -> torch.device:

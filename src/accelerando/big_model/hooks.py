@@ -25,6 +25,8 @@ from accelerando.big_model.tensors import (
     set_module_tensor_to_device,
 )
 
+GUARDED_MOVES = "_accelerando_guarded_moves"
+
 
 class ModelHook:
     """Base hook: override any of init/pre_forward/post_forward/detach; `no_grad` wraps the call."""
@@ -116,6 +118,8 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
             module.__dict__.pop("forward", None)
         else:
             module.forward = old  # type: ignore[method-assign]
+    for name in module.__dict__.pop(GUARDED_MOVES, ()):
+        module.__dict__.pop(name, None)
     if recurse:
         for child in module.children():
             remove_hook_from_module(child, recurse=True)

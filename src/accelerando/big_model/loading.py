@@ -22,6 +22,7 @@ from torch import nn
 
 from accelerando.big_model.device_map import DeviceKey, device_for
 from accelerando.big_model.offload import (
+    SAFETENSORS_DTYPES,
     load_offloaded_weights,
     offload_weight,
     save_offload_index,
@@ -169,7 +170,7 @@ class _Loader:
     def _place_safetensors(self, path: Path, handle: Any, key: str) -> None:
         if self.target(key) == "disk" and self._offloadable(key):
             stored = handle.get_slice(key).get_dtype()
-            stored_dtype = _SAFETENSORS_NAMES.get(stored, torch.float32)
+            stored_dtype = SAFETENSORS_DTYPES.get(stored, torch.float32)
             final = self._final_dtype(key, stored_dtype)
             self.report.offload_index[key] = {
                 "safetensors_file": str(path.resolve()),
@@ -234,22 +235,6 @@ class _Loader:
         }
         self.report.missing = sorted(n for n in self.expected if n in persistent and n not in self.loaded)
         return self.report
-
-
-_SAFETENSORS_NAMES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
 
 
 def load_checkpoint(

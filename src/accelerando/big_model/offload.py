@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 
 _NUMPY_UNSUPPORTED = {torch.bfloat16: torch.int16}
-_SAFETENSORS_DTYPES = {
+SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
     "F16": torch.float16,
@@ -144,20 +144,31 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         self.device = device
         self.all_keys = list(self.state_dict) + [k for k in self.index if k not in self.state_dict]
         self._files: dict[str, Any] = {}
+        self._views: dict[str, torch.Tensor] = {}
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key in self.state_dict:
             return self.state_dict[key]
         info = self.index[key]
-        if "safetensors_file" in info:
-            tensor = self._handle(info["safetensors_file"]).get_tensor(info.get("weight_name", key))
-        else:
-            if self.save_folder is None:
-                raise ValueError(f"{key!r} is offloaded to a .dat file but the loader has no save_folder")
-            tensor = load_offloaded_weight(self.save_folder / f"{key}.dat", info)
+        tensor = self._view(key, info)
         if "dtype" in info and tensor.is_floating_point():
             tensor = tensor.to(_str_to_dtype(info["dtype"]))
         return tensor if self.device is None else tensor.to(self.device)
+
+    def _view(self, key: str, info: Mapping[str, Any]) -> torch.Tensor:
+        """The tensor as a view of its file mapping, kept: dropping it would unmap the pages and make
+        every later forward fault them in again (they stay reclaimable page cache, not process memory)."""
+        view = self._views.get(key)
+        if view is not None:
+            return view
+        if "safetensors_file" in info:
+            view = self._handle(info["safetensors_file"]).get_tensor(info.get("weight_name", key))
+        elif self.save_folder is None:
+            raise ValueError(f"{key!r} is offloaded to a .dat file but the loader has no save_folder")
+        else:
+            view = load_offloaded_weight(self.save_folder / f"{key}.dat", info)
+        self._views[key] = view
+        return view
 
     def _handle(self, file: str) -> Any:
         handle = self._files.get(file)
@@ -190,7 +201,7 @@ _SPANS: dict[str, dict[str, tuple[int, int]]] = {}
 def _safetensors_span(file: str, name: str) -> tuple[int, int]:
     """(byte offset, length) of tensor `name` in a safetensors file, from its JSON header (cached)."""
     spans = _SPANS.get(file)
-    if spans is None:
+    if spans is None or name not in spans:
         with open(file, "rb") as fh:
             (header_len,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(header_len))
@@ -272,11 +283,3 @@ def extract_submodules_state_dict(
         for key, value in state_dict.items()
         if any(name == "" or key == name or key.startswith(name + ".") for name in names)
     }
-
-
-def safetensors_dtype(file: str, name: str) -> torch.dtype:
-    """Stored dtype of tensor `name` in a safetensors file (read from its header)."""
-    with open(file, "rb") as fh:
-        (header_len,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(header_len))
-    return _SAFETENSORS_DTYPES[header[name]["dtype"]]

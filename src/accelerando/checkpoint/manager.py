@@ -12,6 +12,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,7 @@ class Checkpointer:
         return handle
 
     def register_load_state_pre_hook(self, hook: Callable) -> RemovableHandle:
-        """`hook(models, input_dir)` after validation, before loading; popping from `models`
-        skips loading them."""
+        """`hook(models, input_dir)` before loading; popping from `models` skips loading them."""
         handle = RemovableHandle(self._load_hooks)
         self._load_hooks[handle.id] = hook
         return handle
@@ -259,29 +259,36 @@ class Checkpointer:
                 f"load_state got unsupported arguments {sorted(unknown)}; accepted: input_dir, "
                 "verify, load_kwargs, strict"
             )
+        if verify not in atomic.VERIFY_MODES:
+            raise ValueError(f"load_state(verify={verify!r}): accepted values are {atomic.VERIFY_MODES}")
         strict = bool(load_model_func_kwargs.get("strict", True))
         directory = self._resolve_input_dir(input_dir)
-        problem = None
-        if self.acc.local_process_index == 0 and verify != "none":
-            try:
-                atomic.validate_checkpoint(directory, verify=verify)
-            except CheckpointError as err:
-                problem = str(err)
-        problems = [p for p in atomic.all_gather_object(problem) if p]
-        if problems:
-            raise CheckpointError(problems[0])
         models = list(self.acc._models)
         for hook in list(self._load_hooks.values()):
             hook(models, str(directory))
+        # Checksums run in background threads while the files are read; nothing is applied
+        # until both finished on every rank.
+        check = None
+        if self.acc.local_process_index == 0 and verify != "none":
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-verify")
+            check = pool.submit(atomic.validate_checkpoint, directory, verify)
+            pool.shutdown(wait=False)
         payload, error = None, None
         try:
             payload = read_payload(self, directory, models, strict=strict)
         except Exception as err:  # noqa: BLE001 - all ranks must agree before any of them applies
             error = err
+        if check is not None:
+            try:
+                check.result()
+            except CheckpointError as err:
+                error = err  # the damage explains any read error: report it first
         if atomic.any_rank(error is not None):
             if error is not None:
                 raise error
-            raise CheckpointError(f"another rank could not read {str(directory)!r}; nothing was loaded")
+            raise CheckpointError(
+                f"another rank could not validate or read {str(directory)!r}; nothing was loaded"
+            )
         assert payload is not None
         apply_payload(self, payload)
         if self.acc.project_configuration.automatic_checkpoint_naming:

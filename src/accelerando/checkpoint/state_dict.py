@@ -36,6 +36,7 @@ def dedupe_shared(
     not the same tensor are cloned: safetensors cannot store them otherwise.
     """
     prefer_drop = set(drop_first)
+    position = {name: i for i, name in enumerate(state_dict)}
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name, tensor in state_dict.items():
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
@@ -45,7 +46,7 @@ def dedupe_shared(
     for names in groups.values():
         if len(names) < 2:
             continue
-        ordered = sorted(names, key=lambda n: (n in prefer_drop, n))
+        ordered = sorted(names, key=lambda n: (n in prefer_drop, position[n]))  # else the first registered
         keep = out[ordered[0]]
         for name in ordered[1:]:
             t = out[name]
@@ -72,6 +73,43 @@ def tied_targets(model: torch.nn.Module) -> set[str]:
 
 
 # ---- full state dict files ------------------------------------------------------------------------
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}  # fmt: skip
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """A standard safetensors file, written straight from the tensors' memory (no staging buffer).
+
+    Falls back to `safetensors.torch.save_file` for dtypes this writer does not know.
+    """
+    if any(t.dtype not in _ST_DTYPES for t in tensors.values()):
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(path), metadata=metadata)
+        return
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _ST_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for t in tensors.values():
+            if t.numel():
+                f.write(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+
+
 def write_model_file(
     path: Path, state_dict: dict[str, Any], safe: bool, drop_first: Iterable[str] = ()
 ) -> None:
@@ -79,14 +117,12 @@ def write_model_file(
     if not safe:
         torch.save(state_dict, path)
         return
-    from safetensors.torch import save_file
-
     tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
     tensors, aliases = dedupe_shared(tensors, drop_first)
     metadata = {"format": "pt"}
     if aliases:
         metadata[ALIASES_KEY] = json.dumps(aliases)
-    save_file(tensors, str(path), metadata=metadata)
+    write_safetensors(path, tensors, metadata)
 
 
 def read_model_file(path: Path) -> dict[str, torch.Tensor]:

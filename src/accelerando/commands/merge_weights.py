@@ -21,10 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = sub.add_parser(
         "merge-weights", help="merge a sharded FSDP checkpoint into safetensors (no process group needed)"
     )
-    parser.add_argument("checkpoint_directory", help="a save_state folder, or one of its pytorch_model_fsdp_N folders")
+    parser.add_argument(
+        "checkpoint_directory", help="a save_state folder, or one of its pytorch_model_fsdp_N folders"
+    )
     parser.add_argument("output_path", help="folder to write the merged weights into")
     add_flag(parser, "unsafe_serialization", action="store_true", help="write pytorch_model.bin (pickle)")
-    add_flag(parser, "remove_checkpoint_dir", action="store_true", help="delete the sharded folder afterwards")
+    add_flag(
+        parser, "remove_checkpoint_dir", action="store_true", help="delete the sharded folder afterwards"
+    )
     add_flag(parser, "max_shard_size", default="10GB", help="largest output file (default 10GB)")
     parser.set_defaults(func=run)
 
@@ -69,7 +73,10 @@ def load_sharded_state_dict(directory: Path) -> dict[str, Any]:
     # tensor from the metadata (the public `dcp.load` skips work for an empty template).
     state: dict[str, Any] = {}
     _load_state_dict(
-        state, storage_reader=FileSystemReader(str(directory)), planner=_EmptyStateDictLoadPlanner(), no_dist=True
+        state,
+        storage_reader=FileSystemReader(str(directory)),
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
     )
     if set(state) == {"model"} or ("model" in state and isinstance(state["model"], dict)):
         state = state["model"]  # save_state nests the weights under "model"

@@ -74,6 +74,17 @@ def warn_once(message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Tell `transformers.from_pretrained` (which reads these variables) to load real weights on rank 0
+    only and build the model on the meta device elsewhere; call before loading the model."""
+    env.export({"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"})
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    """Every rank loads real weights again in `from_pretrained`."""
+    env.export({"FSDP_CPU_RAM_EFFICIENT_LOADING": "false"})
+
+
 def fsdp_config_to_env(config: Mapping[str, Any]) -> dict[str, str]:
     """Validate a YAML `fsdp_config` section and return the `FSDP_*` variables it stands for.
 
@@ -170,14 +181,22 @@ def parse_mixed_precision(value: Any) -> Any:
         allowed = {"param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs", "buffer_dtype"}
         unknown = set(value) - allowed
         if unknown:
-            raise ValueError(f"mixed_precision_policy keys {sorted(unknown)} unknown; accepted: {sorted(allowed)}")
-        kwargs = {k: _dtype(v) if k.endswith("dtype") else v for k, v in value.items() if k != "buffer_dtype"}
+            raise ValueError(
+                f"mixed_precision_policy keys {sorted(unknown)} unknown; accepted: {sorted(allowed)}"
+            )
+        kwargs: dict[str, Any] = {
+            k: _dtype(v) if k.endswith("dtype") else v for k, v in value.items() if k != "buffer_dtype"
+        }
         if "buffer_dtype" in value:
             warn_once("mixed_precision_policy buffer_dtype has no effect under FSDP2 (buffers are not cast)")
         return MixedPrecisionPolicy(**kwargs)
     if type(value).__name__ == "MixedPrecision":  # FSDP1's class: same meaning, other home
         return parse_mixed_precision(
-            {"param_dtype": value.param_dtype, "reduce_dtype": value.reduce_dtype, "cast_forward_inputs": True}
+            {
+                "param_dtype": value.param_dtype,
+                "reduce_dtype": value.reduce_dtype,
+                "cast_forward_inputs": True,
+            }
         )
     raise TypeError(
         "mixed_precision_policy must be a MixedPrecisionPolicy, dict, or one of "
@@ -231,7 +250,9 @@ def _parse_wrap_policy(value: Any) -> str | Callable[..., Any] | None:
         return value
     text = str(value).strip().lower()
     if text not in WRAP_POLICIES:
-        raise ValueError(f"auto_wrap_policy {value!r} unknown; accepted: a callable or {', '.join(WRAP_POLICIES)}")
+        raise ValueError(
+            f"auto_wrap_policy {value!r} unknown; accepted: a callable or {', '.join(WRAP_POLICIES)}"
+        )
     return text
 
 
@@ -278,10 +299,14 @@ class FullyShardedDataParallelPlugin:
         self._resolve_fsdp1_options()
         self.mixed_precision_policy = parse_mixed_precision(self.mixed_precision_policy)
         self.auto_wrap_policy = _parse_wrap_policy(self.auto_wrap_policy)
-        self.cpu_offload = _parse_offload(bool(self.cpu_offload) if self.cpu_offload is None else self.cpu_offload)
+        self.cpu_offload = _parse_offload(
+            bool(self.cpu_offload) if self.cpu_offload is None else self.cpu_offload
+        )
         self.set_state_dict_type(self.state_dict_type)
         self.transformer_cls_names_to_wrap = _parse_names(self.transformer_cls_names_to_wrap)
-        if self.min_num_params is not None and (not isinstance(self.min_num_params, int) or self.min_num_params < 0):
+        if self.min_num_params is not None and (
+            not isinstance(self.min_num_params, int) or self.min_num_params < 0
+        ):
             raise ValueError(f"min_num_params must be a non-negative integer, got {self.min_num_params!r}")
         self.activation_checkpointing = bool(self.activation_checkpointing)
         self.cpu_ram_efficient_loading = bool(self.cpu_ram_efficient_loading)
@@ -319,7 +344,9 @@ class FullyShardedDataParallelPlugin:
         if self.backward_prefetch is not None:
             name = _enum_name(self.backward_prefetch)
             if name not in BACKWARD_PREFETCH:
-                raise ValueError(f"backward_prefetch {name!r} unknown; accepted: {', '.join(BACKWARD_PREFETCH)}")
+                raise ValueError(
+                    f"backward_prefetch {name!r} unknown; accepted: {', '.join(BACKWARD_PREFETCH)}"
+                )
             if name != "BACKWARD_PRE":
                 warn_once(
                     f"backward_prefetch={name} has no effect: FSDP2 always prefetches the next block's "
@@ -347,7 +374,9 @@ class FullyShardedDataParallelPlugin:
         """SHARDED_STATE_DICT (default: every rank writes its shards) or FULL_STATE_DICT (rank 0)."""
         self.state_dict_type = _parse_state_dict_type(state_dict_type or SHARDED_STATE_DICT)
 
-    def set_mixed_precision(self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False) -> None:
+    def set_mixed_precision(
+        self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False
+    ) -> None:
         """Fill the policy from the Accelerator's mixed precision unless one was given (or `override`)."""
         if self.mixed_precision_policy is None or override:
             self.mixed_precision_policy = parse_mixed_precision(mixed_precision)

@@ -1,19 +1,16 @@
 """`dispatch_batches=True`: rank 0 reads the data and sends each rank only its own piece.
 
 Rank 0 collates each *global* batch once (so a padding collator pads the whole step alike, as in
-Accelerate), slices it, and sends every other rank its slice point-to-point on a dedicated gloo
-group: one small header and one contiguous buffer per rank and step, sent asynchronously so
-rank 0 is already loading the next step. Ranks get exactly the batches the non-dispatch sharding
+Accelerate), slices it, and sends every other rank its slice (`transport`: shared memory on the
+same host, a dedicated gloo group otherwise), asynchronously, so rank 0 is already loading the
+next step. Ranks get exactly the batches the non-dispatch sharding
 gives them (`sharding`), including a short or missing final batch.
 """
 
 from __future__ import annotations
 
-import pickle
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Any
 
@@ -25,68 +22,7 @@ from accelerando.config.options import DataLoaderConfiguration
 from accelerando.data import sharding as sh
 from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard
-from accelerando.ops.tree import recursively_apply
-
-_BATCH, _END = 0, 1
-_ALIGN = 64
-_MAX_IN_FLIGHT = 4  # rounds rank 0 may run ahead of the slowest receiver
-
-
-@dataclass(frozen=True)
-class _Slot:
-    index: int
-
-
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
-
-
-def _layout(header_len: int, metas: list[tuple[torch.dtype, tuple[int, ...]]]) -> tuple[list[int], int]:
-    offsets, pos = [], _aligned(header_len)
-    for dtype, shape in metas:
-        offsets.append(pos)
-        numel = 1
-        for d in shape:
-            numel *= d
-        pos = _aligned(pos + numel * torch.empty((), dtype=dtype).element_size())
-    return offsets, pos
-
-
-def encode(batch: Any) -> tuple[torch.Tensor, int]:
-    """One uint8 buffer: the pickled structure (tensors replaced by slots), then each tensor's bytes."""
-    tensors: list[torch.Tensor] = []
-
-    def take(t: torch.Tensor) -> _Slot:
-        tensors.append(t)
-        return _Slot(len(tensors) - 1)
-
-    skeleton = recursively_apply(take, batch)
-    metas = [(t.dtype, tuple(t.shape)) for t in tensors]
-    header = pickle.dumps((skeleton, metas), protocol=pickle.HIGHEST_PROTOCOL)
-    offsets, total = _layout(len(header), metas)
-    buf = torch.empty(total, dtype=torch.uint8)
-    buf[: len(header)].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
-    for t, off in zip(tensors, offsets):
-        if t.numel():
-            nbytes = t.numel() * t.element_size()
-            buf[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t)
-    return buf, len(header)
-
-
-def decode(buf: torch.Tensor, header_len: int) -> Any:
-    """Inverse of `encode`; the tensors are views into `buf` (no copy)."""
-    skeleton, metas = pickle.loads(buf[:header_len].numpy().tobytes())
-    offsets, _ = _layout(header_len, metas)
-    tensors = []
-    for (dtype, shape), off in zip(metas, offsets):
-        numel = 1
-        for d in shape:
-            numel *= d
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        tensors.append(
-            buf[off : off + nbytes].view(dtype).view(shape) if numel else torch.empty(shape, dtype=dtype)
-        )
-    return recursively_apply(lambda s: tensors[s.index], skeleton, test_type=lambda x: isinstance(x, _Slot))
+from accelerando.data.transport import Channel, EndMsg, shared_memory_plan
 
 
 def batch_length(batch: Any) -> int:
@@ -110,7 +46,7 @@ def slice_batch(batch: Any, piece: slice, size: int) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch[piece] if batch.dim() and batch.shape[0] == size else batch
     if isinstance(batch, Mapping):
-        return type(batch)({k: slice_batch(v, piece, size) for k, v in batch.items()})
+        return type(batch)({k: slice_batch(v, piece, size) for k, v in batch.items()})  # type: ignore[call-arg]
     if isinstance(batch, (list, tuple)):
         plain = all(not isinstance(x, (torch.Tensor, Mapping, list, tuple)) for x in batch)
         items = (
@@ -120,60 +56,6 @@ def slice_batch(batch: Any, piece: slice, size: int) -> Any:
         )
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
     return batch
-
-
-@dataclass(frozen=True)
-class _EndMsg:
-    remainder: int
-
-
-class _Channel:
-    """Rank 0 -> rank r messages on a gloo group: a 4-int header, then one buffer."""
-
-    def __init__(self, group: Any, pin: bool) -> None:
-        self.group = group
-        self.pin = pin
-        self.pending: deque[list[Any]] = deque()
-
-    def send_round(self, messages: dict[int, Any]) -> None:
-        works: list[Any] = []
-        for dst, payload in messages.items():
-            if isinstance(payload, _EndMsg):
-                ctrl = torch.tensor([_END, 0, 0, payload.remainder], dtype=torch.int64)
-                works += [dist.isend(ctrl, dst, group=self.group), ctrl]
-                continue
-            buf, hlen = encode(payload)
-            ctrl = torch.tensor([_BATCH, hlen, buf.numel(), -1], dtype=torch.int64)
-            works += [
-                dist.isend(ctrl, dst, group=self.group),
-                ctrl,
-                dist.isend(buf, dst, group=self.group),
-                buf,
-            ]
-        self.pending.append(works)
-        while len(self.pending) > _MAX_IN_FLIGHT:
-            self._wait(self.pending.popleft())
-
-    def flush(self) -> None:
-        while self.pending:
-            self._wait(self.pending.popleft())
-
-    @staticmethod
-    def _wait(works: list[Any]) -> None:
-        for w in works:
-            if hasattr(w, "wait") and not isinstance(w, torch.Tensor):
-                w.wait()
-
-    def recv(self) -> tuple[bool, Any]:
-        """(True, batch) or (False, remainder) at the end of this rank's pass."""
-        ctrl = torch.empty(4, dtype=torch.int64)
-        dist.recv(ctrl, 0, group=self.group)
-        kind, hlen, total, rem = (int(x) for x in ctrl.tolist())
-        if kind == _END:
-            return False, rem
-        buf = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin)
-        dist.recv(buf, 0, group=self.group)
-        return True, decode(buf, hlen)
 
 
 class DispatchBatchSampler(BatchSamplerShard):
@@ -258,7 +140,7 @@ class GlobalBatchDataset(IterableDataset):
             yield from chunk
 
 
-class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
+class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
     """A prepared loader whose rank 0 reads everything and sends each rank its batch (Accelerate's name)."""
 
     def __init__(
@@ -267,7 +149,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         device: torch.device | None = None,
         *,
         shard: Any,
-        group: Any,
+        channel: Channel,
         slice_fn: Callable[..., Any] | None,
         progress: Progress,
         rank: int = 0,
@@ -285,7 +167,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
             dict(
                 kwargs,
                 shard=shard,
-                group=group,
+                channel=channel,
                 slice_fn=slice_fn,
                 progress=progress,
                 rank=rank,
@@ -305,9 +187,8 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
             super().__init__(dataset, **kwargs)
         self._shard = shard
         self._world = world_size
-        self._group = group
         self._slice_fn = slice_fn
-        self._channel = _Channel(group, pin=bool(kwargs.get("pin_memory")) and torch.cuda.is_available())
+        self._channel = channel
         self._remote_remainder = -1
         self._setup(
             progress=progress,
@@ -382,14 +263,14 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):
         try:
             for pieces in rounds:
                 pieces = pieces + [None] * (n - len(pieces))
-                end = _EndMsg(-1)
+                end = EndMsg(-1)
                 msgs = {r: (end if pieces[r] is None else pieces[r]) for r in range(1, n) if r not in ended}
                 ended.update(r for r, m in msgs.items() if m is end)
                 if msgs:
                     self._channel.send_round(msgs)
                 if pieces[0] is not None:
                     yield pieces[0]
-            final = _EndMsg(self._final_remainder())
+            final = EndMsg(self._final_remainder())
             last = {r: final for r in range(1, n) if r not in ended}
             if last:
                 self._channel.send_round(last)
@@ -437,6 +318,11 @@ def prepare_dispatcher(
             "dispatch_batches=True with several processes needs torch.distributed initialized first"
         )
     group = dist.new_group(backend="gloo") if num_processes > 1 else None
+    token, local = shared_memory_plan(group) if group is not None else (None, set())
+    pin = bool(dl.pin_memory) and torch.cuda.is_available()
+    channel = Channel(group, process_index, token, local, pin)
+    if group is not None:
+        dist.barrier(group=group)  # rank 0's pipes and buffers exist before anyone opens them
     kwargs = prep.loader_kwargs(dl)
     dataset: Any = dl.dataset
     if isinstance(dl.dataset, IterableDataset):
@@ -468,7 +354,7 @@ def prepare_dispatcher(
     return DataLoaderDispatcher(
         dataset,
         shard=shard,
-        group=group,
+        channel=channel,
         slice_fn=slice_fn,
         progress=Progress(seed),
         rank=process_index,

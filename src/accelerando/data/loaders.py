@@ -204,7 +204,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
                 self.end_of_dataloader = True
                 self.remainder = self._final_remainder()
             self._yield_state = snapshot
-            yield send_to_device(current, self.device, self._non_blocking) if self._move else current
+            yield send_to_device(current, self.device, self._non_blocking) if self._move else current  # type: ignore[arg-type]
             if nxt is _END:
                 return
             current = nxt
@@ -252,7 +252,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             StatefulDataLoader.load_state_dict(self, state_dict["loader"])  # type: ignore[arg-type]
 
 
-class DataLoaderShard(PreparedLoaderMixin, DataLoader):
+class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
     """This process's share of a DataLoader, as a DataLoader (Accelerate's name).
 
     `_shard` is the `BatchSamplerShard` or `IterableDatasetShard` doing the index math; the

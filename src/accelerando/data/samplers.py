@@ -147,10 +147,10 @@ class BatchSamplerShard(Sampler[list[int]]):
         sink: list[int] = []
         if self.split_batches:
             stream = sh.iter_split(self.batch_sampler, spec, skip, sink, full_size=self.batch_size)
-            for batch in stream:
+            for piece in stream:
                 if sink:
                     self.remainder = sink[0]
-                yield batch
+                yield piece
         else:
             for batch, _ in sh.iter_round_robin(self.batch_sampler, spec, skip, sink):
                 if sink:

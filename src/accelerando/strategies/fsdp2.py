@@ -17,7 +17,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accelerando.config.fsdp import SHARDED_STATE_DICT, FullyShardedDataParallelPlugin, warn_once
+from accelerando.config.fsdp import (
+    SHARDED_STATE_DICT,
+    FullyShardedDataParallelPlugin,
+    enable_fsdp_ram_efficient_loading,
+    warn_once,
+)
 from accelerando.config.options import DistributedType
 from accelerando.parallel.activation_checkpointing import apply_activation_checkpointing
 from accelerando.strategies import fsdp_loading
@@ -47,7 +52,9 @@ class FSDP2Strategy(Strategy):
     def __init__(self, ctx: StrategyContext, plugin: FullyShardedDataParallelPlugin | None = None) -> None:
         super().__init__(ctx)
         if plugin is not None and not isinstance(plugin, FullyShardedDataParallelPlugin):
-            raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}")
+            raise TypeError(
+                f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}"
+            )
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
         self._mesh: Any = None
         self._models: list[torch.nn.Module] = []
@@ -66,6 +73,10 @@ class FSDP2Strategy(Strategy):
     def setup_environment(self) -> None:
         if not self.sharding:
             warn_once("FSDP without a process group (one process): the model is trained unsharded")
+        if self.plugin.cpu_ram_efficient_loading:
+            # The one message to another library: transformers' from_pretrained reads these variables
+            # and then builds the model on meta on ranks other than 0.
+            enable_fsdp_ram_efficient_loading()
 
     # ---- prepare ----------------------------------------------------------------------------
     def mesh(self) -> Any:
@@ -79,7 +90,9 @@ class FSDP2Strategy(Strategy):
 
                 local = _runtime.require_runtime().topology.local_world_size or world
                 if world % local:
-                    raise ValueError(f"HYBRID_SHARD needs world size {world} divisible by {local} ranks per node")
+                    raise ValueError(
+                        f"HYBRID_SHARD needs world size {world} divisible by {local} ranks per node"
+                    )
                 self._mesh = init_device_mesh(
                     self.ctx.device.type, (world // local, local), mesh_dim_names=("replicate", "shard")
                 )
@@ -112,13 +125,19 @@ class FSDP2Strategy(Strategy):
         plan = plan_wrapping(target, plugin)
         self.plans.append(plan)
         if plugin.verbose and dist.get_rank() == 0:
-            print(f"[accelerando fsdp] {type(target).__name__}: {len(plan.modules)} units + root ({plan.reason})")
+            print(
+                f"[accelerando fsdp] {type(target).__name__}: {len(plan.modules)} units + root ({plan.reason})"
+            )
         for param in target.parameters():
             param._accelerando_replaced = True  # type: ignore[attr-defined]
         kept = self._before_sharding(target)
         if plugin.activation_checkpointing:
             apply_activation_checkpointing(plan.modules or [target])
-        mp = plugin.mixed_precision_policy or self.ctx.precision.fsdp_mixed_precision() or MixedPrecisionPolicy()
+        mp = (
+            plugin.mixed_precision_policy
+            or self.ctx.precision.fsdp_mixed_precision()
+            or MixedPrecisionPolicy()
+        )
         kwargs: dict[str, Any] = {
             "mesh": self.mesh(),
             "reshard_after_forward": plugin.reshard_after_forward,
@@ -155,13 +174,20 @@ class FSDP2Strategy(Strategy):
     # ---- training step ----------------------------------------------------------------------
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> bool:
         if id(optimizer) not in self._checked:
-            stale = [p for g in optimizer.param_groups for p in g["params"] if getattr(p, "_accelerando_replaced", 0)]
+            stale = [
+                p
+                for g in optimizer.param_groups
+                for p in g["params"]
+                if getattr(p, "_accelerando_replaced", 0)
+            ]
             if stale:
                 raise ValueError(
                     f"this optimizer holds {len(stale)} parameters that FSDP replaced with shards; pass the "
                     "optimizer to the same accelerator.prepare(model, optimizer) call, or create it after prepare"
                 )
             self._checked.add(id(optimizer))
+        # fp16: DTensor's dispatch of the GradScaler's inf check already all-reduces found_inf, so
+        # every rank skips the same steps (checked in tests/distributed/scripts/fsdp_train.py).
         return super().optimizer_step(optimizer, closure)
 
     @contextlib.contextmanager
@@ -186,7 +212,7 @@ class FSDP2Strategy(Strategy):
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         with torch.no_grad():
             for p in params:
-                grad = _local(p.grad)
+                grad = _local(p.grad)  # type: ignore[arg-type]
                 grad.mul_(coef.to(grad.device, grad.dtype))
         return total
 
@@ -251,8 +277,12 @@ class FSDP2Strategy(Strategy):
 
         optimizer = _raw_optimizer(optimizer)
         owner = self._owner(model, optimizer)
-        extra: dict[str, Any] = {"broadcast_from_rank0": True, "cpu_offload": False} if full and self.sharding else {}
-        set_optimizer_state_dict(owner, optimizer, _copy_containers(state_dict), options=self._options(full, **extra))
+        extra: dict[str, Any] = (
+            {"broadcast_from_rank0": True, "cpu_offload": False} if full and self.sharding else {}
+        )
+        set_optimizer_state_dict(
+            owner, optimizer, _copy_containers(state_dict), options=self._options(full, **extra)
+        )
 
     def _owner(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """The prepared model whose parameters this optimizer updates (the hooks may pass None)."""
@@ -262,7 +292,9 @@ class FSDP2Strategy(Strategy):
         for candidate in self._models:
             if any(id(p) in wanted for p in candidate.parameters()):
                 return _inner(candidate)
-        raise ValueError("this optimizer's parameters belong to no model prepared with FSDP; prepare them together")
+        raise ValueError(
+            "this optimizer's parameters belong to no model prepared with FSDP; prepare them together"
+        )
 
     def teardown(self) -> None:
         self._models.clear()

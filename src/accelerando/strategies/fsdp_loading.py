@@ -54,7 +54,8 @@ def materialize_from_rank0(model: torch.nn.Module, kept: Rank0Weights, device: t
 
     model.to_empty(device=device)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, kept.state_dict if dist.get_rank() == 0 else {}, options=options)
+    full: dict[str, Any] = dict(kept.state_dict) if dist.get_rank() == 0 else {}
+    set_model_state_dict(model, full, options=options)
     buffers = dict(model.named_buffers())
     for name in _non_persistent_buffer_names(model):
         target = buffers[name]

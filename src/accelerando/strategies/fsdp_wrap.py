@@ -126,7 +126,7 @@ def plan_wrapping(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin
     if policy == "size_based_wrap":
         bound = plugin.min_num_params if plugin.min_num_params is not None else 100_000_000
         return _plan(_by_size(model, bound), "size_based_wrap", f"min_num_params={bound}")
-    names = plugin.transformer_cls_names_to_wrap
+    names = list(plugin.transformer_cls_names_to_wrap or [])
     if names:
         return _plan(_by_class(model, names), "transformer_based_wrap", f"classes {names} as given")
     names, source = infer_block_classes(model)

@@ -35,7 +35,9 @@ class Failing:
 
 def build(project: Path | None = None) -> tuple:
     set_seed(7)
-    cfg = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True) if project else None
+    cfg = (
+        ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True) if project else None
+    )
     acc = Accelerator(project_config=cfg)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -23,7 +23,10 @@ from accelerando.utils import set_seed
 VARIANTS = {
     "plain": {},
     "accum": {"gradient_accumulation_steps": 2},
-    "fp16": {"mixed_precision": "fp16", "kwargs_handlers": [GradScalerKwargs(init_scale=2.0**17, growth_interval=3)]},
+    "fp16": {
+        "mixed_precision": "fp16",
+        "kwargs_handlers": [GradScalerKwargs(init_scale=2.0**17, growth_interval=3)],
+    },
 }
 EPOCHS = 3
 STOP = (1, 4)  # B saves after 4 batches of the second epoch (an accumulation boundary)
@@ -97,7 +100,9 @@ def phase_ab(out: Path) -> None:
         train(acc, model, opt, dl, sched, pos, stop=STOP)
         acc.save_state(str(out / f"B_{variant}"))
         if variant == "fp16":
-            assert acc.precision.state_dict()["scale"] != 2.0**17, "the scaler never changed: test is too weak"
+            assert acc.precision.state_dict()["scale"] != 2.0**17, (
+                "the scaler never changed: test is too weak"
+            )
 
 
 def phase_one(out: Path) -> None:
@@ -123,7 +128,9 @@ def phase_c(out: Path) -> None:
         got, want = summary(acc, model, sched), torch.load(out / f"A_{variant}.pt", weights_only=True)
         diff = {k: (got["weights"][k] - v).abs().max().item() for k, v in want["weights"].items()}
         assert all(torch.equal(got["weights"][k], v) for k, v in want["weights"].items()), (variant, diff)
-        assert got["lr"] == want["lr"] and got["scaler"] == want["scaler"] and got["step"] == want["step"], variant
+        assert got["lr"] == want["lr"] and got["scaler"] == want["scaler"] and got["step"] == want["step"], (
+            variant
+        )
         report[variant] = "equal"
     acc, model, opt, dl, sched, pos = build("plain")
     acc.load_state(str(out / "one_proc"))  # and the reverse: 1 process -> 2 processes

@@ -111,7 +111,11 @@ def reference(order: list[int], b: int, split: bool, even: bool, drop: bool) -> 
         batches = [x for x in batches if len(x) == b]
     cycle = itertools.cycle(order)
     out: list[list[list[int]]] = [[] for _ in range(n)]
-    size, groups = (b, [[x] for x in batches]) if split else (n * b, [batches[i : i + n] for i in range(0, len(batches), n)])
+    size, groups = (
+        (b, [[x] for x in batches])
+        if split
+        else (n * b, [batches[i : i + n] for i in range(0, len(batches), n)])
+    )
     for group in groups:
         flat = [i for x in group for i in x]
         if len(flat) < size:
@@ -138,7 +142,11 @@ def check_union(per_rank: list[list[list[int]]], order: list[int], even: bool, d
 
 def check_map_style() -> None:
     for n, b, shuffle, split, even, drop in itertools.product((23, 3), (4,), *([(False, True)] * 4)):
-        loader = prep(DataLoader(Indexed(n), batch_size=b, shuffle=shuffle, drop_last=drop), split_batches=split, even_batches=even)
+        loader = prep(
+            DataLoader(Indexed(n), batch_size=b, shuffle=shuffle, drop_last=drop),
+            split_batches=split,
+            even_batches=even,
+        )
         got = everyone(drain(loader))
         seeds = everyone(loader.seed)
         assert seeds[0] == seeds[1] or not shuffle, "the shuffle seed is shared"
@@ -146,7 +154,13 @@ def check_map_style() -> None:
         assert got == reference(order, b, split, even, drop), (n, shuffle, split, even, drop, got)
         check_union(got, order, even, drop)
         for dispatch_cfg in ({"dispatch_batches": True},):
-            disp = prep(DataLoader(Indexed(n), batch_size=b, shuffle=shuffle, drop_last=drop), split_batches=split, even_batches=even, data_seed=seeds[0], **dispatch_cfg)
+            disp = prep(
+                DataLoader(Indexed(n), batch_size=b, shuffle=shuffle, drop_last=drop),
+                split_batches=split,
+                even_batches=even,
+                data_seed=seeds[0],
+                **dispatch_cfg,
+            )
             assert everyone(drain(disp)) == got, ("dispatch", n, shuffle, split, even, drop)
     for even in (False, True):
         loader = prep(DataLoader(Indexed(17), batch_sampler=OddEven(17)), even_batches=even)
@@ -157,7 +171,9 @@ def check_map_style() -> None:
         if even and len(source) % 2:
             deal[1].append(source[0])
         assert got == deal, (even, got)
-        disp = prep(DataLoader(Indexed(17), batch_sampler=OddEven(17)), even_batches=even, dispatch_batches=True)
+        disp = prep(
+            DataLoader(Indexed(17), batch_sampler=OddEven(17)), even_batches=even, dispatch_batches=True
+        )
         assert everyone(drain(disp)) == got
 
 
@@ -215,6 +231,41 @@ def check_gather_for_metrics() -> None:
         assert seen == list(range(n)), ("iterable", n, seen)
 
 
+def lr_trace(acc, batches_per_rank: int, split: bool = False) -> list[float]:
+    """LR after each micro-step; LambdaLR with factor max(0, 1 - t/10), base LR 1.0 (docs/scheduler.md)."""
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: max(0.0, 1 - t / 10))
+    per_step = 2 * (WORLD if split else 1)  # with split_batches the batch size given is the global one
+    loader = DataLoader(torch.ones(batches_per_rank * 2 * WORLD, 1), batch_size=per_step)
+    model, opt, sched, loader = acc.prepare(model, opt, sched, loader)
+    out = []
+    for x in loader:
+        with acc.accumulate(model):
+            acc.backward(model(x).sum() * 0)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        out.append(round(sched.get_last_lr()[0], 6))
+    return out
+
+
+def check_scheduler_semantics() -> None:
+    """The 2-process tables of docs/scheduler.md (4 micro-batches per rank)."""
+    import warnings
+
+    from accelerando import Accelerator, DataLoaderConfiguration
+
+    assert lr_trace(Accelerator(), 4) == [0.8, 0.6, 0.4, 0.2]
+    assert lr_trace(Accelerator(gradient_accumulation_steps=2), 4) == [1.0, 0.8, 0.8, 0.6]
+    split = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))
+    assert lr_trace(split, 4, split=True) == [0.9, 0.8, 0.7, 0.6]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        per_call = Accelerator(gradient_accumulation_steps=2, step_scheduler_with_optimizer=False)
+        assert lr_trace(per_call, 4) == [0.9, 0.8, 0.7, 0.6]
+
+
 STATE_CASES = {
     "plain": ({}, 0),
     "split": ({"split_batches": True}, 0),
@@ -257,6 +308,7 @@ def main() -> None:
     check_rng_untouched_and_skip()
     save_states(out)
     check_gather_for_metrics()
+    check_scheduler_semantics()
     dist.barrier()
     if RANK == 0:
         print("data modes passed")

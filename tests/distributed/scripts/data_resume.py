@@ -11,10 +11,9 @@ import itertools
 import sys
 from pathlib import Path
 
+import data_modes as dm
 import torch
 import torch.distributed as dist
-
-import data_modes as dm
 
 
 def main() -> None:

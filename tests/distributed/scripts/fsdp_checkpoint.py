@@ -108,15 +108,58 @@ def check_ram_efficient_loading() -> None:
     acc.free_memory()
 
 
+def check_from_pretrained() -> None:
+    """A from_pretrained model goes through RAM-efficient loading: every rank ends with rank 0's weights.
+
+    (transformers 4.x builds on meta off rank 0 when the plugin exports FSDP_CPU_RAM_EFFICIENT_LOADING;
+    5.x memory-maps the safetensors on every rank instead. Both paths are handled.)"""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True))
+    if rank() == 0:
+        config = LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+        )
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(WORK / "llama")
+    dist.barrier()
+    model = LlamaForCausalLM.from_pretrained(WORK / "llama")
+    if rank() == 1:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0)  # whatever rank 1 holds, it must end up with rank 0's weights
+    model = acc.prepare(model)
+    ids = torch.arange(12).reshape(1, 12)
+    logits = model(input_ids=ids).logits.detach()
+    gathered = [torch.empty_like(logits) for _ in range(2)]
+    dist.all_gather(gathered, logits)
+    torch.testing.assert_close(gathered[0], gathered[1])
+    if rank() == 0:
+        from safetensors.torch import load_file
+
+        assert_close(acc.get_state_dict(model), load_file(str(WORK / "llama" / "model.safetensors")), "hf")
+    else:
+        acc.get_state_dict(model)
+    acc.free_memory()
+
+
 def phase_main() -> None:
     check_ram_efficient_loading()
+    check_from_pretrained()
     # 1 -> 2: a checkpoint written by one unsharded process loads into 2 ranks' shards.
     acc, model, opt = setup()
     acc.load_state(str(WORK / "ckpt1"))
     ref1 = torch.load(WORK / "ref1.pt") if rank() == 0 else None
     check_snapshot(snapshot(acc, model, opt), ref1, "1->2")
-    assert isinstance(acc.strategy.model_state_dict(model, full=False)["inp.weight"],
-                      torch.distributed.tensor.DTensor)
+    assert isinstance(
+        acc.strategy.model_state_dict(model, full=False)["inp.weight"], torch.distributed.tensor.DTensor
+    )
     # Sharded round trip: every rank writes its own file.
     train(acc, model, opt, 2, seed=5)
     acc.save_state(str(WORK / "ckpt2"))
@@ -162,7 +205,9 @@ def check_full_state_dict() -> None:
     # Through the hooks (the checkpointer's FULL load path checks keys against rank 0's copy only
     # once its key check skips ranks that hold `{}`; see the report).
     acc.strategy.load_model_state_dict(model, want["model"] if rank() == 0 else {}, full=True)
-    acc.strategy.load_optimizer_state_dict(model, opt.optimizer, want["optim"] if rank() == 0 else {}, full=True)
+    acc.strategy.load_optimizer_state_dict(
+        model, opt.optimizer, want["optim"] if rank() == 0 else {}, full=True
+    )
     check_snapshot(snapshot(acc, model, opt), want, "full round trip")
 
 

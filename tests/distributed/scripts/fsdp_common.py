@@ -95,7 +95,9 @@ def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str, tol: float = 1e-5) -> None:
+def assert_close(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str, tol: float = 1e-5
+) -> None:
     assert a.keys() == b.keys(), f"{what}: keys differ {sorted(set(a) ^ set(b))}"
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=tol, atol=tol, msg=lambda m, k=k: f"{what} {k}: {m}")

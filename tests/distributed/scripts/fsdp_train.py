@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_common import Net, assert_close, batch, ddp_reference, full_params, make_net  # noqa: E402
 
 from accelerando import Accelerator  # noqa: E402
-from accelerando.state import PartialState  # noqa: E402
 from accelerando.config.fsdp import FullyShardedDataParallelPlugin  # noqa: E402
+from accelerando.state import PartialState  # noqa: E402
 
 
 def mse(model: torch.nn.Module, step: int) -> torch.Tensor:
@@ -102,17 +102,71 @@ def main() -> None:
     else:
         raise AssertionError("stale optimizer stepped")
 
+    check_environment_selects_fsdp()
     check_transformers()
+    check_fp16_overflow_agreement()  # last: it replaces the runtime's precision
     if dist.get_rank() == 0:
         print("FSDP_TRAIN_OK")
+
+
+def check_environment_selects_fsdp() -> None:
+    """What `accelerando launch --use_fsdp --fsdp_*` exports is enough: Accelerator() with no plugin."""
+    from accelerando.config.env import patch_environment
+
+    with patch_environment(
+        ACCELERANDO_USE_FSDP="true",
+        FSDP_VERSION="2",
+        FSDP_AUTO_WRAP_POLICY="SIZE_BASED_WRAP",
+        FSDP_MIN_NUM_PARAMS="100",
+        FSDP_RESHARD_AFTER_FORWARD="false",
+        FSDP_STATE_DICT_TYPE="FULL_STATE_DICT",
+    ):
+        acc = Accelerator()
+        model = acc.prepare(make_net(depth=2))
+    assert acc.distributed_type == "FSDP"
+    plugin = acc.strategy.plugin
+    assert plugin.reshard_after_forward is False and plugin.state_dict_type == "FULL_STATE_DICT"
+    assert acc.strategy.plans[0].policy == "size_based_wrap" and len(acc.strategy.plans[0].modules) >= 2
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+
+
+def check_fp16_overflow_agreement() -> None:
+    """An inf in one rank's gradient shard makes every rank skip the step and back off the scale."""
+    from accelerando.state import reset_runtime
+
+    reset_runtime()
+    acc = Accelerator(mixed_precision="fp16", fsdp_plugin=FullyShardedDataParallelPlugin())
+    model = make_net(depth=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = acc.prepare(model, opt)
+    for step in range(4):
+        before = {k: v.clone() for k, v in full_params(model).items()}
+        scale = acc.scaler.get_scale()
+        acc.backward(mse(model, step))
+        if step == 2 and dist.get_rank() == 1:
+            next(model.parameters()).grad.to_local().view(-1)[0] = float("inf")
+        opt.step()
+        opt.zero_grad()
+        scales = [None, None]
+        dist.all_gather_object(scales, (acc.scaler.get_scale(), acc.optimizer_step_was_skipped))
+        assert scales[0] == scales[1], scales
+        if step == 2:
+            assert scales[0] == (scale / 2, True), scales
+            assert_close(full_params(model), before, "skipped step", tol=0)
 
 
 def check_transformers() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     base = LlamaForCausalLM(config)

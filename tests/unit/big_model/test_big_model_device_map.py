@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from bigmodel_toys import Toy
 
 from accelerando.big_model.device_map import device_for, resolve_device_map
@@ -126,3 +127,23 @@ def test_clean_device_map_merges_uniform_children() -> None:
 def test_check_device_map_names_uncovered_tensors() -> None:
     with pytest.raises(ValueError, match="head.weight"):
         check_device_map(meta_toy(), {"embed": "cpu", "blocks": "cpu", "scale": "cpu", "table": "cpu"})
+
+
+def test_buffers_of_offloaded_modules_are_charged_to_the_execution_device() -> None:
+    from torch import nn
+
+    class Buffered(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)  # 1088 B
+            self.register_buffer("cache", torch.zeros(100))  # 400 B
+
+    with init_empty_weights():
+        model = nn.Sequential(*(Buffered() for _ in range(4)))
+    budget = {"cpu": 4000}
+    kept = infer_auto_device_map(model, budget, no_split_module_classes=["Buffered"], clean_result=False)
+    moved = infer_auto_device_map(
+        model, budget, no_split_module_classes=["Buffered"], clean_result=False, offload_buffers=True
+    )
+    # buffers that stay resident take cpu room, so fewer blocks fit there than when they are offloaded too
+    assert list(kept.values()).count("cpu") < list(moved.values()).count("cpu")

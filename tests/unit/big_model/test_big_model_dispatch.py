@@ -141,3 +141,33 @@ def test_cuda_cpu_disk_map(tmp_path: Path) -> None:
     assert out.device.type == "cpu"  # io_same_device: outputs come back where the inputs were
     assert torch.allclose(out, ref(inputs()), atol=1e-5)
     assert model.blocks[1].up.weight.device.type == "meta"
+
+
+@pytest.mark.cuda
+def test_cuda_single_device_and_cpu_offload(tmp_path: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    ref = checkpoint(tmp_path)
+    model = load_checkpoint_and_dispatch(meta_toy(), tmp_path, device_map={"": 0})
+    assert not hasattr(model, "_hf_hook") and model.embed.weight.device.type == "cuda"
+    compiled = torch.compile(model, backend="aot_eager")
+    torch.testing.assert_close(compiled(inputs().cuda()).cpu(), ref(inputs()))
+    from accelerando.big_modeling import cpu_offload
+
+    offloaded = cpu_offload(reference(), execution_device=0)
+    torch.testing.assert_close(offloaded(inputs()), ref(inputs()))
+
+
+def test_moving_an_offloaded_model_is_refused(tmp_path: Path) -> None:
+    from accelerando.hooks import remove_hook_from_submodules
+
+    checkpoint(tmp_path)
+    device_map = {"embed": "cpu", "blocks": "disk", "head": "cpu", "scale": "cpu", "table": "cpu"}
+    model = load_checkpoint_and_dispatch(meta_toy(), tmp_path, device_map=device_map)
+    with pytest.raises(RuntimeError, match="offloaded weights"):
+        model.to("cpu")
+    half = model.to(torch.float64)  # dtype-only casts pass; served weights follow the meta dtype
+    assert half.blocks[0].up.weight.dtype == torch.float64
+    assert model(inputs()).dtype == torch.float64
+    remove_hook_from_submodules(model)
+    assert "to" not in model.__dict__

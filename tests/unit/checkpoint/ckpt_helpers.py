@@ -1,6 +1,5 @@
 """A tiny training setup shared by the checkpoint unit tests (single process, CPU)."""
 
-
 from __future__ import annotations
 
 import torch
@@ -56,4 +55,3 @@ class Setup:
 
     def params(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.model.parameters()]
-

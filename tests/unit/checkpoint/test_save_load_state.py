@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckpt_helpers import Setup
 
 from accelerando import ProjectConfiguration
-from accelerando.checkpoint.atomic import CheckpointError
-
-from ckpt_helpers import Setup
 
 
 def _continue_equals(s: Setup, ckpt: str, steps: int = 2) -> None:
@@ -32,7 +30,13 @@ def test_round_trip_is_exact(tmp_path: Path, setup: Setup, safe: bool) -> None:
     out = setup.acc.save_state(str(tmp_path / "ck"), safe_serialization=safe)
     names = set(os.listdir(out))
     model_file = "model.safetensors" if safe else "pytorch_model.bin"
-    expected = {model_file, "optimizer.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"}
+    expected = {
+        model_file,
+        "optimizer.bin",
+        "scheduler.bin",
+        "random_states_0.pkl",
+        "custom_checkpoint_0.pkl",
+    }
     assert expected | {"manifest.json", "accelerando_state.json"} == names
     setup.step(3)  # move everything (weights, Adam moments, LR, RNG, counter) away from the checkpoint
     after = setup.params()

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckpt_helpers import Setup
 
 from accelerando.checkpoint.atomic import CheckpointError, validate_checkpoint
-
-from ckpt_helpers import Setup
 
 
 def _saved(tmp_path: Path, s: Setup) -> Path:

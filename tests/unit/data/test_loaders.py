@@ -104,7 +104,9 @@ def test_custom_sampler_collate_and_options_preserved() -> None:
         return torch.tensor(items) * 10
 
     sampler = SequentialSampler(range(8))
-    dl = DataLoader(Counting(8), batch_size=2, sampler=sampler, collate_fn=collate, pin_memory=False, drop_last=True)
+    dl = DataLoader(
+        Counting(8), batch_size=2, sampler=sampler, collate_fn=collate, pin_memory=False, drop_last=True
+    )
     loader = prepared(dl, 1)
     assert loader.batch_sampler.batch_sampler.sampler is sampler
     assert loader.collate_fn is collate
@@ -219,7 +221,11 @@ def test_skip_first_batches_prepared_and_plain() -> None:
     plain = DataLoader(ds, batch_size=4)
     ds.loads = 0
     skipped = skip_first_batches(plain, 5)
-    assert len(skipped) == 3 and [b.tolist() for b in skipped] == [[20, 21, 22, 23], [24, 25, 26, 27], [28, 29]]
+    assert len(skipped) == 3 and [b.tolist() for b in skipped] == [
+        [20, 21, 22, 23],
+        [24, 25, 26, 27],
+        [28, 29],
+    ]
     assert ds.loads == 10
     with pytest.raises(ValueError, match="num_batches=-1"):
         skip_first_batches(plain, -1)
@@ -240,7 +246,9 @@ def test_gradient_state_sees_end_of_dataloader() -> None:
     )
     seen = []
     for _ in loader:
-        seen.append((gs.in_dataloader, gs.end_of_dataloader, gs.remainder, len(loader) - loader.batches_yielded))
+        seen.append(
+            (gs.in_dataloader, gs.end_of_dataloader, gs.remainder, len(loader) - loader.batches_yielded)
+        )
     assert seen == [(True, False, 1, 1), (True, True, 1, 0)]
     assert not gs.in_dataloader
 

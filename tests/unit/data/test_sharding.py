@@ -14,13 +14,17 @@ SIZES = (1, 2, 3, 4)
 
 
 def _specs():
-    for n, b, split, even, drop in itertools.product(WORLDS, SIZES, (False, True), (False, True), (False, True)):
+    for n, b, split, even, drop in itertools.product(
+        WORLDS, SIZES, (False, True), (False, True), (False, True)
+    ):
         if split and b % n:
             continue
         yield n, b, split, even, drop
 
 
-def reference(indices: list[int], n: int, b: int, split: bool, even: bool, drop: bool) -> list[list[list[int]]]:
+def reference(
+    indices: list[int], n: int, b: int, split: bool, even: bool, drop: bool
+) -> list[list[list[int]]]:
     """Batch-level simulation of the documented semantics (torch BatchSampler, then sharding)."""
     even = even and n > 1  # one process is never padded
     batches = [indices[i : i + b] for i in range(0, len(indices), b)]
@@ -74,7 +78,9 @@ def test_element_model_matches_reference(n: int, b: int, split: bool, even: bool
             flat = [i for x in ref[r] for i in x]
             assert list(sh.iter_rank_stream(iter(idx), spec)) == flat
             for skip in range(len(ref[r]) + 1):
-                assert list(sh.iter_rank_stream(iter(idx), spec, skip)) == [i for x in ref[r][skip:] for i in x]
+                assert list(sh.iter_rank_stream(iter(idx), spec, skip)) == [
+                    i for x in ref[r][skip:] for i in x
+                ]
         _check_properties(idx, ref, sh.ShardSpec(0, n, b, split, even, drop))
 
 

@@ -28,8 +28,13 @@ def test_defaults_are_fsdp2_sharded() -> None:
 
 @pytest.mark.parametrize(
     ("strategy", "reshard", "hybrid"),
-    [("FULL_SHARD", True, False), ("SHARD_GRAD_OP", False, False), ("HYBRID_SHARD", True, True),
-     ("HYBRID_SHARD_ZERO2", False, True), ("2", False, False)],
+    [
+        ("FULL_SHARD", True, False),
+        ("SHARD_GRAD_OP", False, False),
+        ("HYBRID_SHARD", True, True),
+        ("HYBRID_SHARD_ZERO2", False, True),
+        ("2", False, False),
+    ],
 )
 def test_sharding_strategy_maps_to_reshard_after_forward(strategy: str, reshard: bool, hybrid: bool) -> None:
     p = Plugin(sharding_strategy=strategy)
@@ -97,10 +102,15 @@ def test_state_dict_type_and_wrap_policy_validation() -> None:
 
 def test_environment_fills_unset_fields_only() -> None:
     values = {
-        "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_OFFLOAD_PARAMS": "true",
-        "FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP", "FSDP_MIN_NUM_PARAMS": "123",
-        "FSDP_TRANSFORMER_CLS_TO_WRAP": "A, B", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT",
-        "FSDP_ACTIVATION_CHECKPOINTING": "1", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+        "FSDP_VERSION": "2",
+        "FSDP_RESHARD_AFTER_FORWARD": "false",
+        "FSDP_OFFLOAD_PARAMS": "true",
+        "FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP",
+        "FSDP_MIN_NUM_PARAMS": "123",
+        "FSDP_TRANSFORMER_CLS_TO_WRAP": "A, B",
+        "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT",
+        "FSDP_ACTIVATION_CHECKPOINTING": "1",
+        "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
     }
     with patch_environment(**values):
         p = Plugin(min_num_params=7)
@@ -108,17 +118,29 @@ def test_environment_fills_unset_fields_only() -> None:
     assert p.auto_wrap_policy == "size_based_wrap" and p.min_num_params == 7  # explicit wins
     assert p.transformer_cls_names_to_wrap == ["A", "B"] and p.state_dict_type == cfg.FULL_STATE_DICT
     assert p.activation_checkpointing and p.cpu_ram_efficient_loading and p.sync_module_states
-    with patch_environment(FSDP_MIN_NUM_PARAMS="many"), pytest.raises(ValueError, match="FSDP_MIN_NUM_PARAMS"):
+    with (
+        patch_environment(FSDP_MIN_NUM_PARAMS="many"),
+        pytest.raises(ValueError, match="FSDP_MIN_NUM_PARAMS"),
+    ):
         Plugin()
 
 
 def test_yaml_fsdp_config_maps_to_environment() -> None:
     env = cfg.fsdp_config_to_env(
-        {"fsdp_version": 2, "fsdp_offload_params": False, "fsdp_transformer_layer_cls_to_wrap": ["Block", "Head"],
-         "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_ignored_modules": None}
+        {
+            "fsdp_version": 2,
+            "fsdp_offload_params": False,
+            "fsdp_transformer_layer_cls_to_wrap": ["Block", "Head"],
+            "fsdp_backward_prefetch": "BACKWARD_PRE",
+            "fsdp_ignored_modules": None,
+        }
     )
-    assert env == {"FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "false",
-                   "FSDP_TRANSFORMER_CLS_TO_WRAP": "Block,Head", "FSDP_BACKWARD_PREFETCH": "BACKWARD_PRE"}
+    assert env == {
+        "FSDP_VERSION": "2",
+        "FSDP_OFFLOAD_PARAMS": "false",
+        "FSDP_TRANSFORMER_CLS_TO_WRAP": "Block,Head",
+        "FSDP_BACKWARD_PREFETCH": "BACKWARD_PRE",
+    }
     with pytest.raises(ValueError, match="renamed.*'fsdp_backward_prefetch'"):
         cfg.fsdp_config_to_env({"fsdp_backward_prefetch_policy": "BACKWARD_PRE"})
     with pytest.raises(ValueError, match="unknown fsdp_config key 'fsdp_turbo'"):

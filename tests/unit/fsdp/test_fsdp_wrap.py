@@ -66,3 +66,18 @@ def test_total_grad_norm_plain_tensors() -> None:
     grads = [torch.tensor([3.0, 0.0]), torch.tensor([4.0])]
     assert total_grad_norm(grads).item() == pytest.approx(5.0)
     assert total_grad_norm(grads, float("inf")).item() == pytest.approx(4.0)
+
+
+def test_merge_weights_finds_the_sharded_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from accelerando.commands.merge_weights import find_sharded_model
+
+    with pytest.raises(ValueError, match="not a folder"):
+        find_sharded_model(tmp_path / "missing")
+    with pytest.raises(ValueError, match="SHARDED_STATE_DICT"):
+        find_sharded_model(tmp_path)
+    for i in (0, 1):
+        (tmp_path / f"pytorch_model_fsdp_{i}").mkdir()
+        (tmp_path / f"pytorch_model_fsdp_{i}" / ".metadata").write_bytes(b"")
+    with pytest.raises(ValueError, match="several models"):
+        find_sharded_model(tmp_path)
+    assert find_sharded_model(tmp_path / "pytorch_model_fsdp_1") == tmp_path / "pytorch_model_fsdp_1"

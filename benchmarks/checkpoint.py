@@ -1,0 +1,171 @@
+"""Checkpoint save/load throughput: accelerando vs raw torch.save / safetensors vs the disk itself.
+
+Every save is timed until its bytes are on the disk (fsync), so the numbers compare like with like.
+Run: `.venv/bin/python benchmarks/checkpoint.py` (~1 GB model + AdamW state, about 3 GB per save)
+or `--small` (~64 MB model) for a quick check. Accelerate is measured too when it is importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from accelerando import Accelerator
+from accelerando.checkpoint.atomic import fsync_path
+
+
+def build(total_bytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A stack of square Linear layers of about `total_bytes` fp32 weights, with AdamW state."""
+    width = 4096 if total_bytes > 2**28 else 1024
+    layers = max(1, total_bytes // (4 * width * width))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    opt.step()
+    opt.zero_grad()
+    return model, opt
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def sync_tree(path: Path) -> None:
+    for f in path.rglob("*"):
+        if f.is_file():
+            fsync_path(f)
+    fsync_path(path)
+
+
+def timed(fn: Callable[[], None]) -> float:
+    os.sync()  # earlier runs' dirty pages must not be charged to this one
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def disk_write(path: Path, nbytes: int) -> float:
+    """Sequential write of incompressible data with fdatasync at the end: GB/s."""
+    block = os.urandom(64 * 2**20)
+    os.sync()
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(max(1, nbytes // len(block))):
+            f.write(block)
+        f.flush()
+        os.fdatasync(f.fileno())
+    elapsed = time.perf_counter() - start
+    size = path.stat().st_size
+    path.unlink()
+    return size / elapsed / 1e9
+
+
+def fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def raw_torch(work: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[float, float, int]:
+    d = fresh(work / "raw_torch")
+
+    def save() -> None:
+        torch.save(model.state_dict(), d / "model.bin")
+        torch.save(opt.state_dict(), d / "optimizer.bin")
+        sync_tree(d)
+
+    def load() -> None:
+        model.load_state_dict(torch.load(d / "model.bin", weights_only=True))
+        opt.load_state_dict(torch.load(d / "optimizer.bin", weights_only=True))
+
+    return timed(save), timed(load), dir_bytes(d)
+
+
+def raw_safetensors(
+    work: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
+) -> tuple[float, float, int]:
+    from safetensors.torch import load_file, save_file
+
+    d = fresh(work / "raw_st")
+
+    def save() -> None:
+        save_file(model.state_dict(), str(d / "model.safetensors"))
+        torch.save(opt.state_dict(), d / "optimizer.bin")
+        sync_tree(d)
+
+    def load() -> None:
+        model.load_state_dict(load_file(str(d / "model.safetensors")))
+        opt.load_state_dict(torch.load(d / "optimizer.bin", weights_only=True))
+
+    return timed(save), timed(load), dir_bytes(d)
+
+
+def ours(work: Path, acc: Accelerator, verify: str) -> tuple[float, float, int]:
+    target = work / "ours" / "ck"
+    shutil.rmtree(target.parent, ignore_errors=True)
+    save_s = timed(lambda: acc.save_state(str(target)))
+    load_s = timed(lambda: acc.load_state(str(target), verify=verify))
+    return save_s, load_s, dir_bytes(target)
+
+
+def accelerate_run(
+    work: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
+) -> tuple[float, float, int] | None:
+    try:
+        import accelerate
+    except ImportError:
+        return None
+    acc = accelerate.Accelerator(cpu=True)
+    m, o = acc.prepare(model, opt)
+    d = work / "accelerate"
+    shutil.rmtree(d, ignore_errors=True)
+    save_s = timed(lambda: (acc.save_state(str(d)), sync_tree(d)))
+    load_s = timed(lambda: acc.load_state(str(d)))
+    return save_s, load_s, dir_bytes(d)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--small", action="store_true", help="~64 MB model instead of ~1 GB")
+    parser.add_argument("--dir", default=None, help="scratch directory on the disk to measure")
+    args = parser.parse_args()
+    size = 64 * 2**20 if args.small else 2**30
+    work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
+    try:
+        model, opt = build(size)
+        acc = Accelerator(cpu=True)
+        model, opt = acc.prepare(model, opt)
+        rows: list[tuple[str, float, float, int]] = []
+        disk = disk_write(work / "dd.bin", size)
+        rows.append(("raw torch.save (model+optim)", *raw_torch(work, model, opt.optimizer)))
+        rows.append(("raw safetensors + torch.save", *raw_safetensors(work, model, opt.optimizer)))
+        rows.append(("accelerando save_state/load_state", *ours(work, acc, "full")))
+        rows.append(("  load_state(verify='size')", *ours(work, acc, "size")))
+        other = accelerate_run(work, model, opt.optimizer)
+        if other is not None:
+            rows.append(("accelerate save_state/load_state", *other))
+        print(
+            f"disk sequential write (fdatasync): {disk:.2f} GB/s   checkpoint size: {rows[0][3] / 1e9:.2f} GB"
+        )
+        print(f"{'':36s} {'save s':>7s} {'save GB/s':>9s} {'load s':>7s} {'load GB/s':>9s} {'save/disk':>9s}")
+        for name, save_s, load_s, nbytes in rows:
+            gbs, lgbs = nbytes / save_s / 1e9, nbytes / load_s / 1e9
+            print(f"{name:36s} {save_s:7.2f} {gbs:9.2f} {load_s:7.2f} {lgbs:9.2f} {gbs / disk:9.2f}")
+        disk_after = disk_write(work / "dd.bin", size)
+        print(f"disk sequential write measured again at the end: {disk_after:.2f} GB/s")
+        base = rows[1][1]
+        print(f"atomic + manifest overhead vs the same files written raw: {rows[2][1] / base - 1:+.1%}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

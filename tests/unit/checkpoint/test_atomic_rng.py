@@ -1,0 +1,48 @@
+"""Building blocks: manifest round trip, staging names, RNG capture/restore, public module names."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from accelerando import checkpointing
+from accelerando.checkpoint import rng
+from accelerando.checkpoint.atomic import Manifest, StagedCheckpoint, crc32_file, staging_path
+
+
+def test_staged_publish_and_overwrite(tmp_path: Path) -> None:
+    target = tmp_path / "ck"
+    for payload in (b"first", b"second!"):
+        stage = StagedCheckpoint(target, is_writer=True).open()
+        assert stage.path == staging_path(target.absolute())
+        stage.write("a.bin", lambda p, b=payload: p.write_bytes(b))
+        stage.write("sub/b.pt", {"x": torch.ones(2)})
+        stage.publish(world_size=1, extra={})
+    manifest = checkpointing.validate_checkpoint(target)
+    assert (target / "a.bin").read_bytes() == b"second!"
+    assert manifest.files["a.bin"].crc32 == crc32_file(target / "a.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert Manifest.from_json(manifest.to_json()) == manifest
+
+
+def test_rng_round_trip_weights_only(tmp_path: Path) -> None:
+    state = rng.capture_rng_state()
+    torch.save(state, tmp_path / "r.pkl")
+    want = (random.random(), np.random.rand(), torch.rand(1))
+    rng.restore_rng_state(torch.load(tmp_path / "r.pkl", weights_only=True))
+    assert (random.random(), np.random.rand(), torch.rand(1)) == want
+    with pytest.raises(ValueError, match="random states"):
+        rng.validate_rng_state({"python": 1}, "x.pkl")
+
+
+def test_custom_state_helpers(tmp_path: Path) -> None:
+    sched_owner = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    checkpointing.save_custom_state(sched_owner, tmp_path, index=3)
+    other = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    checkpointing.load_custom_state(other, tmp_path, index=3)
+    assert other.param_groups[0]["lr"] == 0.5
+    assert checkpointing.latest_checkpoint(tmp_path) is None

@@ -1,0 +1,55 @@
+"""The dispatch byte format and the default slicer (pure, no processes)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import torch
+from torch.utils.data import DataLoader
+
+from accelerando.config.options import DataLoaderConfiguration as Config
+from accelerando.data.dispatch import batch_length, slice_batch
+from accelerando.data.prepare import prepare_data_loader
+from accelerando.data.transport import decode, encode
+
+Pair = namedtuple("Pair", "a b")
+
+
+def test_encode_decode_roundtrip_keeps_structure_dtypes_and_values() -> None:
+    batch = {
+        "x": torch.randn(3, 4)[:, ::2],  # not contiguous
+        "mask": torch.tensor([True, False, True]),
+        "half": torch.ones(3, dtype=torch.bfloat16),
+        "scalar": torch.tensor(7),
+        "empty": torch.empty(0, 5),
+        "names": ["a", "b", "c"],
+        "pair": Pair(torch.arange(3), 1.5),
+    }
+    buf, header = encode(batch)
+    out = decode(buf, header)
+    assert out.keys() == batch.keys() and out["names"] == ["a", "b", "c"]
+    assert isinstance(out["pair"], Pair) and out["pair"].b == 1.5
+    for key in ("x", "mask", "half", "scalar", "empty"):
+        assert out[key].dtype == batch[key].dtype and torch.equal(out[key], batch[key])
+    assert torch.equal(out["pair"].a, torch.arange(3))
+
+
+def test_slice_batch_cuts_the_batch_dimension_only() -> None:
+    batch = {"x": torch.arange(8).view(4, 2), "names": list("wxyz"), "fields": (torch.arange(4), "tag")}
+    assert batch_length(batch) == 4
+    part = slice_batch(batch, slice(2, 4), 4)
+    assert part["x"].tolist() == [[4, 5], [6, 7]] and part["names"] == ["y", "z"]
+    assert part["fields"][0].tolist() == [2, 3] and part["fields"][1] == "tag"
+
+
+def test_dispatch_on_one_process_is_the_plain_loader() -> None:
+    dl = DataLoader(list(range(7)), batch_size=3)
+    loader = prepare_data_loader(
+        dl,
+        num_processes=1,
+        process_index=0,
+        device=None,
+        config=Config(dispatch_batches=True),
+        gradient_state=None,
+    )
+    assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6]] and len(loader) == 3
