@@ -37,6 +37,7 @@ class Progress:
 
     seed: int
     epoch: int = 0
+    active: Any = None  # the loader (original or skip view) whose pass is under way: it owns the position
 
 
 def worker_seed(seed: int, epoch: int, rank: int) -> int:
@@ -176,6 +177,8 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             self.end()
             self._start = 0
             if completed:
+                if self._progress.active is self:
+                    self._progress.active = None
                 self._open = False
                 self._progress.epoch += 1
                 self.batches_yielded = 0
@@ -184,6 +187,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def _prepare_pass(self) -> None:
         self._pass_start = self._start
         self._open = True
+        self._progress.active = self
         epoch = self._progress.epoch
         self._apply_epoch(epoch)
         gen = getattr(self, "_worker_generator", None)
@@ -225,7 +229,13 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         return self._pass_start + self.batches_yielded if self._open else self._start
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch, position in it and seed (plus torchdata's own state for a stateful loader)."""
+        """Epoch, position in it and seed (plus torchdata's own state for a stateful loader).
+
+        A skip view and its original share one epoch; whichever is iterating reports the position.
+        """
+        active = self._progress.active
+        if active is not None and active is not self and type(active) is type(self):
+            return active.state_dict()
         state: dict[str, Any] = {
             "version": STATE_VERSION,
             "epoch": self._progress.epoch,
@@ -242,6 +252,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         missing = {"epoch", "batches", "seed"} - set(state_dict)
         if missing:
             raise ValueError(f"load_state_dict: not a prepared-loader state, missing {sorted(missing)}")
+        self._progress.active = None
         self._progress.epoch = int(state_dict["epoch"])
         self._progress.seed = int(state_dict["seed"])
         self._start = int(state_dict["batches"])

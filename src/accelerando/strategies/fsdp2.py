@@ -27,7 +27,7 @@ from accelerando.config.options import DistributedType
 from accelerando.parallel.activation_checkpointing import apply_activation_checkpointing
 from accelerando.strategies import fsdp_loading
 from accelerando.strategies.base import Capabilities, Strategy, StrategyContext
-from accelerando.strategies.fsdp_wrap import WrapPlan, plan_wrapping
+from accelerando.strategies.fsdp_wrap import WrapPlan, outermost, plan_wrapping
 
 
 def _inner(model: torch.nn.Module) -> torch.nn.Module:
@@ -128,8 +128,10 @@ class FSDP2Strategy(Strategy):
             print(
                 f"[accelerando fsdp] {type(target).__name__}: {len(plan.modules)} units + root ({plan.reason})"
             )
+        ignored = plugin.ignored_parameters(target)
         for param in target.parameters():
-            param._accelerando_replaced = True  # type: ignore[attr-defined]
+            if param not in ignored:
+                param._accelerando_replaced = True  # type: ignore[attr-defined]
         kept = self._before_sharding(target)
         if plugin.activation_checkpointing:
             apply_activation_checkpointing(plan.modules or [target])
@@ -144,14 +146,14 @@ class FSDP2Strategy(Strategy):
             "mp_policy": mp,
             "offload_policy": plugin.cpu_offload or OffloadPolicy(),
         }
-        ignored = plugin.ignored_parameters(target)
         if ignored:
             kwargs["ignored_params"] = ignored
         for module in plan.modules:
             fully_shard(module, **kwargs)
         fully_shard(target, **kwargs)
-        if plugin.forward_prefetch and len(plan.modules) > 1:
-            for current, following in zip(plan.modules, plan.modules[1:]):
+        chain = outermost(plan.modules)
+        if plugin.forward_prefetch and len(chain) > 1:
+            for current, following in zip(chain, chain[1:]):
                 current.set_modules_to_forward_prefetch([following])  # type: ignore[operator]
         if kept is not None:
             fsdp_loading.materialize_from_rank0(target, kept, self.ctx.device)

@@ -67,6 +67,25 @@ def infer_block_classes(model: torch.nn.Module) -> tuple[list[str], str]:
     return [], "no repeated blocks found"
 
 
+def post_order(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Children before parents and siblings in definition (usually execution) order; root excluded."""
+    out: list[torch.nn.Module] = []
+
+    def visit(module: torch.nn.Module) -> None:
+        for child in module.children():
+            visit(child)
+            out.append(child)
+
+    visit(model)
+    return list(dict.fromkeys(out))  # a module registered twice is one unit
+
+
+def outermost(units: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """Units not nested inside another unit, in order: the chain that forward prefetching follows."""
+    inner = {id(m) for unit in units for m in unit.modules() if m is not unit}
+    return [u for u in units if id(u) not in inner]
+
+
 def _numel(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -80,8 +99,7 @@ def _by_class(model: torch.nn.Module, names: list[str]) -> list[torch.nn.Module]
             f"its module classes are {sorted(present)}"
         )
     wanted = set(names)
-    found = [m for m in model.modules() if m is not model and type(m).__name__ in wanted]
-    return list(reversed(found))  # children before parents
+    return [m for m in post_order(model) if type(m).__name__ in wanted]
 
 
 def _by_size(model: torch.nn.Module, min_num_params: int) -> list[torch.nn.Module]:
@@ -104,16 +122,14 @@ def _by_size(model: torch.nn.Module, min_num_params: int) -> list[torch.nn.Modul
 def _by_callable(model: torch.nn.Module, policy: Callable[..., bool]) -> list[torch.nn.Module]:
     """A user function `policy(module) -> bool`, or FSDP1's `(module, recurse, nonwrapped_numel)` form."""
     chosen = []
-    for module in model.modules():
-        if module is model:
-            continue
+    for module in post_order(model):
         try:
             take = policy(module, recurse=False, nonwrapped_numel=_numel(module))
         except TypeError:
             take = policy(module)
         if take:
             chosen.append(module)
-    return list(reversed(chosen))
+    return chosen
 
 
 def plan_wrapping(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin) -> WrapPlan:

@@ -42,8 +42,9 @@ def train_fsdp(model, plugin, steps, accum=1, clip=None, lr=1e-2):
     return acc, model, losses, grads_after_first
 
 
-def check_parity(name, plugin, steps=4, accum=1, clip=None, depth=3):
+def check_parity(name, plugin, steps=4, accum=1, clip=None, depth=3, frozen_out=False):
     base = make_net(depth=depth)
+    base.out.requires_grad_(not frozen_out)
     ref_losses, ref_params = ddp_reference(base, mse, steps, accum=accum, clip=clip)
     acc, model, losses, first = train_fsdp(copy.deepcopy(base), plugin, steps, accum=accum, clip=clip)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
@@ -80,6 +81,12 @@ def main() -> None:
     acc, model, _ = check_parity("variant", variant, steps=3, accum=1)
     assert variant.reshard_after_forward is False
     assert len(acc.strategy.plans[0].modules) >= 3
+
+    # ignored_modules (here a frozen head, the documented use) stay plain tensors and unsharded.
+    acc, model, _ = check_parity(
+        "ignored", FullyShardedDataParallelPlugin(ignored_modules="out"), frozen_out=True
+    )
+    assert not isinstance(model.out.weight, DTensor) and isinstance(model.inp.weight, DTensor)
 
     # Mixed precision policy: bf16 compute, fp32 master shards, fp32 outputs.
     acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(mixed_precision_policy="bf16"))

@@ -217,6 +217,11 @@ def test_skip_first_batches_prepared_and_plain() -> None:
     assert [b.tolist() for b in view] == full[2:]
     assert ds.loads == 3 * (len(full) - 2)
     assert view.epoch == loader.epoch == 1, "the view shares the epoch counter"
+    it = iter(skip_first_batches(loader, 1))
+    next(it)
+    assert loader.state_dict()["batches"] == 2 and loader.state_dict()["epoch"] == 1, (
+        "the view owns the position"
+    )
     assert len(view) == len(full), "only the first pass is shortened"
     plain = DataLoader(ds, batch_size=4)
     ds.loads = 0

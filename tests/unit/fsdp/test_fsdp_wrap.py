@@ -81,3 +81,14 @@ def test_merge_weights_finds_the_sharded_model(tmp_path) -> None:  # type: ignor
     with pytest.raises(ValueError, match="several models"):
         find_sharded_model(tmp_path)
     assert find_sharded_model(tmp_path / "pytorch_model_fsdp_1") == tmp_path / "pytorch_model_fsdp_1"
+
+
+def test_units_follow_definition_order_and_outermost_chain() -> None:
+    from accelerando.strategies.fsdp_wrap import outermost
+
+    model = Tower()
+    plan = plan_wrapping(model, Plugin(transformer_cls_names_to_wrap=["Layer", "Linear"]))
+    layers = list(model.layers)
+    assert [m for m in plan.modules if isinstance(m, Layer)] == layers
+    assert plan.modules.index(layers[0].a) < plan.modules.index(layers[0])  # children first
+    assert outermost(plan.modules) == [*layers, model.head]
