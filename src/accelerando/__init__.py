@@ -16,6 +16,7 @@ from accelerando.config.options import (
     ProfileKwargs,
     ProjectConfiguration,
 )
+from accelerando.data_loader import skip_first_batches
 from accelerando.launchers import debug_launcher, notebook_launcher
 from accelerando.state import PartialState
 from accelerando.utils.imports import is_rich_available
@@ -48,6 +49,7 @@ __all__ = [
     "PartialState",
     "debug_launcher",
     "notebook_launcher",
+    "skip_first_batches",
     "ProfileKwargs",
     "ProjectConfiguration",
     "find_executable_batch_size",

@@ -218,6 +218,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         args, kwargs = self._ctor  # type: ignore[attr-defined]
         view = type(self)(*args, **kwargs)
         view._start = start
+        # The view now owns the resumed position: the original's next pass starts a fresh epoch.
+        self._start = 0
+        self._pending_state = None
         return view
 
     # -- checkpointing ---------------------------------------------------------------------------

@@ -185,6 +185,7 @@ def phase_main() -> None:
 
         assert_close(load_file(str(WORK / "saved_model" / "model.safetensors")), now["model"], "save_model")
     check_full_state_dict()
+    check_refusals()
     dist.barrier()
     print("FSDP_CHECKPOINT_OK")
 
@@ -213,6 +214,28 @@ def check_full_state_dict() -> None:
     )
     assert all(not isinstance(v, torch.distributed.tensor.DTensor) for v in given.values())
     check_snapshot(snapshot(acc, model, opt), want, "full round trip")
+
+
+def check_refusals() -> None:
+    """A full checkpoint for a sharded run, or a shard gone missing: refused on every rank, nothing loaded."""
+    import shutil
+
+    from accelerando.checkpoint.atomic import CheckpointError
+
+    acc, model, opt = setup()
+    before = snapshot(acc, model, opt)
+    if rank() == 0:
+        shutil.copytree(WORK / "ckpt2", WORK / "ckpt_broken")
+        (WORK / "ckpt_broken" / "pytorch_model_fsdp_0" / "__1_0.distcp").unlink()
+    dist.barrier()
+    for name in ("ckpt_full", "ckpt_broken"):
+        try:
+            acc.load_state(str(WORK / name))
+        except CheckpointError:
+            pass
+        else:
+            raise AssertionError(f"{name} was loaded")
+    check_snapshot(snapshot(acc, model, opt), before, "after refusals")
 
 
 if __name__ == "__main__":
