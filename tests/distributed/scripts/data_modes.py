@@ -218,7 +218,7 @@ def check_gather_for_metrics() -> None:
     from accelerando import Accelerator
 
     acc = Accelerator()
-    for n, b in ((13, 4), (16, 4), (3, 4)):
+    for n, b in ((101, 8), (13, 4), (16, 4), (3, 4)):
         loader = acc.prepare(DataLoader(Indexed(n), batch_size=b))
         seen: list[int] = []
         for batch in loader:
@@ -229,6 +229,15 @@ def check_gather_for_metrics() -> None:
         for batch in it:
             seen += acc.gather_for_metrics(batch).tolist()
         assert seen == list(range(n)), ("iterable", n, seen)
+    # nested structures and plain objects: still exactly the dataset's 101 samples
+    loader = acc.prepare(DataLoader(Indexed(101), batch_size=8))
+    rows, objects = [], []
+    for batch in loader:
+        out = acc.gather_for_metrics({"x": batch, "pair": [batch * 2]})
+        rows += out["x"].tolist()
+        assert out["pair"][0].tolist() == [2 * v for v in out["x"].tolist()]
+        objects += acc.gather_for_metrics([f"s{int(v)}" for v in batch])
+    assert rows == list(range(101)) and objects == [f"s{i}" for i in range(101)], (len(rows), len(objects))
 
 
 def lr_trace(acc, batches_per_rank: int, split: bool = False) -> list[float]:
