@@ -217,25 +217,18 @@ def check_full_state_dict() -> None:
 
 
 def check_refusals() -> None:
-    """A full checkpoint for a sharded run, or a shard gone missing: refused on every rank, nothing loaded."""
-    import shutil
-
+    """A FULL_STATE_DICT checkpoint offered to a sharded run is refused on every rank, nothing loaded."""
     from accelerando.checkpoint.atomic import CheckpointError
 
     acc, model, opt = setup()
     before = snapshot(acc, model, opt)
-    if rank() == 0:
-        shutil.copytree(WORK / "ckpt2", WORK / "ckpt_broken")
-        (WORK / "ckpt_broken" / "pytorch_model_fsdp_0" / "__1_0.distcp").unlink()
-    dist.barrier()
-    for name in ("ckpt_full", "ckpt_broken"):
-        try:
-            acc.load_state(str(WORK / name))
-        except CheckpointError:
-            pass
-        else:
-            raise AssertionError(f"{name} was loaded")
-    check_snapshot(snapshot(acc, model, opt), before, "after refusals")
+    try:
+        acc.load_state(str(WORK / "ckpt_full"))
+    except CheckpointError as err:
+        assert "sharded" in str(err) or "full" in str(err), err
+    else:
+        raise AssertionError("a full checkpoint was loaded into a sharded run")
+    check_snapshot(snapshot(acc, model, opt), before, "after refusal")
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ def mse(model: torch.nn.Module, step: int) -> torch.Tensor:
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def train_fsdp(model, plugin, steps, accum=1, clip=None, lr=1e-2):
-    acc = Accelerator(fsdp_plugin=plugin, gradient_accumulation_steps=accum)
+def train_fsdp(model, plugin, steps, accum=1, clip=None, lr=1e-2, **acc_kwargs):
+    acc = Accelerator(fsdp_plugin=plugin, gradient_accumulation_steps=accum, **acc_kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)  # created before prepare, as users do
     model, opt = acc.prepare(model, opt)
     losses, grads_after_first = [], None
@@ -42,11 +42,13 @@ def train_fsdp(model, plugin, steps, accum=1, clip=None, lr=1e-2):
     return acc, model, losses, grads_after_first
 
 
-def check_parity(name, plugin, steps=4, accum=1, clip=None, depth=3, frozen_out=False):
+def check_parity(name, plugin, steps=4, accum=1, clip=None, depth=3, frozen_out=False, **acc_kwargs):
     base = make_net(depth=depth)
     base.out.requires_grad_(not frozen_out)
     ref_losses, ref_params = ddp_reference(base, mse, steps, accum=accum, clip=clip)
-    acc, model, losses, first = train_fsdp(copy.deepcopy(base), plugin, steps, accum=accum, clip=clip)
+    acc, model, losses, first = train_fsdp(
+        copy.deepcopy(base), plugin, steps, accum=accum, clip=clip, **acc_kwargs
+    )
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
     assert_close(full_params(model), ref_params, name)
     return acc, model, first
@@ -81,6 +83,32 @@ def main() -> None:
     acc, model, _ = check_parity("variant", variant, steps=3, accum=1)
     assert variant.reshard_after_forward is False
     assert len(acc.strategy.plans[0].modules) >= 3
+
+    # HYBRID_SHARD: a (nodes, ranks per node) = (1, 2) mesh; same numbers.
+    acc, model, _ = check_parity(
+        "hybrid", FullyShardedDataParallelPlugin(sharding_strategy="HYBRID_SHARD"), steps=2
+    )
+    assert acc.strategy.mesh().mesh_dim_names == ("replicate", "shard")
+
+    # torch.compile (the facade compiles blocks in place before sharding): same numbers.
+    from accelerando.config.options import TorchDynamoPlugin
+
+    check_parity(
+        "compiled",
+        FullyShardedDataParallelPlugin(),
+        steps=2,
+        dynamo_plugin=TorchDynamoPlugin(backend="aot_eager"),
+    )
+
+    # Two models and one optimizer over both (GAN-style): every parameter is re-bound.
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    first, second = make_net(depth=2), make_net(seed=1, depth=2)
+    opt = torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.1)
+    first, second, opt = acc.prepare(first, second, opt)
+    live = {id(p) for p in [*first.parameters(), *second.parameters()]}
+    assert {id(p) for p in opt.param_groups[0]["params"]} == live
+    acc.backward(mse(first, 0) + mse(second, 1))
+    opt.step()
 
     # ignored_modules (here a frozen head, the documented use) stay plain tensors and unsharded.
     acc, model, _ = check_parity(
