@@ -214,6 +214,11 @@ _OFFLOAD_DIRS: list[str] = []
 Row = tuple[str, float, float, float | None, str]
 
 
+def _forward_repeats(cfg: Config, repeats: int) -> int:
+    """Millisecond forwards (--small) need many samples for a stable median; second-long ones do not."""
+    return repeats if cfg == FULL else max(repeats, 30)
+
+
 def run(cfg: Config, folder: Path, repeats: int) -> tuple[list[Row], int]:
     """Raw PyTorch against accelerando, in this process. Returns the rows and the layers on disk."""
     ids = torch.randint(0, cfg.vocab, (1, 16), generator=torch.Generator().manual_seed(1))
@@ -228,7 +233,7 @@ def run(cfg: Config, folder: Path, repeats: int) -> tuple[list[Row], int]:
     (raw_ready, raw_model), (ours_ready, ours_model), (disk_ready, disk_model) = timed_interleaved(
         loaders, 4 * repeats
     )
-    results = forward_times([raw_model, ours_model, disk_model], ids, repeats)
+    results = forward_times([raw_model, ours_model, disk_model], ids, _forward_repeats(cfg, repeats))
     (raw_fwd, reference), (ours_fwd, out), (disk_fwd, disk_out) = results
     assert torch.equal(out, reference), "in-RAM output differs from the raw model"
     assert torch.equal(disk_out, reference), "disk-offloaded output differs from the raw model"
@@ -250,7 +255,9 @@ def run_accelerate(cfg: Config, folder: Path, repeats: int) -> dict[str, float]:
     loaders = [lambda: raw_load(cfg, folder), lambda: accelerate_load(cfg, folder)]
     (raw_ready, raw_model), (acc_ready, _) = timed_interleaved(loaders, 2 * repeats)  # type: ignore[list-item]
     acc_disk_ready, acc_disk = timed(lambda: accelerate_load(cfg, folder, half), repeats)
-    (raw_fwd, reference), (acc_fwd, out) = forward_times([raw_model, acc_disk], ids, repeats)  # type: ignore[list-item]
+    (raw_fwd, reference), (acc_fwd, out) = forward_times(
+        [raw_model, acc_disk], ids, _forward_repeats(cfg, repeats)
+    )  # type: ignore[list-item]
     assert torch.allclose(out, reference), "Accelerate output differs from the raw model"
     return {
         "raw_ready": raw_ready,

@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from accelerando.accelerator import Accelerator
+from accelerando.config.fsdp import FullyShardedDataParallelPlugin
 from accelerando.config.options import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -43,6 +44,7 @@ __all__ = [
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from accelerando.big_model.sizes import (
+    check_tied_parameters_in_config,
     compute_module_sizes,
     convert_file_size_to_int,
     find_tied_parameters,
@@ -245,6 +246,11 @@ def infer_auto_device_map(
     cpu) keeps room for the largest layer so offloaded layers can be brought in to run.
     """
     budget = get_max_memory(max_memory)
+    ties = find_tied_parameters(model)
+    if not ties and check_tied_parameters_in_config(model):
+        logger.warning(
+            "the config ties weights but the model has none tied: call model.tie_weights() before planning"
+        )
     plan = _Plan(
         budget={**budget, "disk": budget.get("disk", 0)},
         devices=[*budget, *(["disk"] if "disk" not in budget else [])],
@@ -253,7 +259,7 @@ def infer_auto_device_map(
         if offload_buffers
         else compute_module_sizes(model, dtype, special_dtypes, buffers_only=True),
         no_split=set(no_split_module_classes or []),
-        ties=find_tied_parameters(model),
+        ties=ties,
         pending=[*named_module_tensors(model, recurse=False), *model.named_children()],
         fallback=fallback_allocation,
     )

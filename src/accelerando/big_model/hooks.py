@@ -126,6 +126,13 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
     return module
 
 
+def has_offloaded_params(module: nn.Module) -> bool:
+    """Whether `module` has an offload hook (its weights live elsewhere between forwards)."""
+    hook = getattr(module, "_hf_hook", None)
+    hooks = hook.hooks if isinstance(hook, SequentialHook) else [hook]
+    return any(isinstance(h, AlignDevicesHook) and h.offload for h in hooks)
+
+
 def remove_hook_from_submodules(module: nn.Module) -> None:
     """Remove hooks from `module` and every submodule."""
     remove_hook_from_module(module, recurse=True)

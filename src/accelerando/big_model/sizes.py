@@ -211,3 +211,16 @@ def get_module_leaves(module_sizes: Mapping[str, int]) -> list[str]:
     names = [n for n in module_sizes if n]
     parents = {n.rpartition(".")[0] for n in names}
     return [n for n in names if n not in parents]
+
+
+def check_tied_parameters_in_config(model: nn.Module) -> bool:
+    """Whether a transformers model's config asks for tied weights (embeddings or encoder/decoder)."""
+    config = getattr(model, "config", None)
+    if config is None or not any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__):
+        return False
+    output_embeddings = getattr(model, "get_output_embeddings", lambda: None)
+    word = bool(getattr(config, "tie_word_embeddings", False)) and output_embeddings() is not None
+    encoder_decoder = bool(
+        getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False)
+    )
+    return word or encoder_decoder or any(hasattr(m, "_tie_weights") for m in model.modules())

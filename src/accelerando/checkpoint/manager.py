@@ -266,10 +266,21 @@ class Checkpointer:
         models = list(self.acc._models)
         for hook in list(self._load_hooks.values()):
             hook(models, str(directory))
-        # Checksums run in background threads while the files are read; nothing is applied
-        # until both finished on every rank.
+        # Presence and sizes are checked before any read (cheap, and a missing shard must not
+        # surface as a reader's FileNotFoundError); checksums run in the background while the
+        # files are read; nothing is applied until both finished on every rank.
+        early: Exception | None = None
+        if verify != "none":
+            try:
+                atomic.validate_checkpoint(directory, "size")
+            except CheckpointError as err:
+                early = err
+        if atomic.any_rank(early is not None):
+            if early is not None:
+                raise early
+            raise CheckpointError(f"another rank found {str(directory)!r} incomplete; nothing was loaded")
         check = None
-        if self.acc.local_process_index == 0 and verify != "none":
+        if self.acc.local_process_index == 0 and verify == "full":
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-verify")
             check = pool.submit(atomic.validate_checkpoint, directory, verify)
             pool.shutdown(wait=False)

@@ -152,6 +152,7 @@ def flatten(data: Mapping[str, Any], path: Path) -> ConfigFile:
     switch = _DISTRIBUTED_TYPES[dist]
     if switch:
         values[switch], keys[switch] = True, f"distributed_type: {dist}"
+    _validate_fsdp_section(data.get("fsdp_config"), path)
     for key, value in data.items():
         if key in _SECTIONS and isinstance(value, Mapping):
             entries = [(f"{key}.{sub}", sub_value) for sub, sub_value in value.items()]
@@ -170,6 +171,19 @@ def flatten(data: Mapping[str, Any], path: Path) -> ConfigFile:
     if values.get("num_processes") == -1:  # Accelerate's "must be given on the command line"
         del values["num_processes"], keys["num_processes"]
     return ConfigFile(path=path, values=values, keys=keys, raw=dict(data))
+
+
+def _validate_fsdp_section(section: Any, path: Path) -> None:
+    """Renamed keys and bad values fail where the file is read; unknown keys only warn (in `flatten`)."""
+    if not isinstance(section, Mapping):
+        return
+    from accelerando.config.fsdp import RENAMED_YAML_KEYS, YAML_KEYS, fsdp_config_to_env
+
+    checked = {k: v for k, v in section.items() if k in YAML_KEYS or k in RENAMED_YAML_KEYS}
+    try:
+        fsdp_config_to_env(checked)
+    except ValueError as err:
+        raise ValueError(f"config file {str(path)!r}: {err}") from None
 
 
 def load_config(path: str | os.PathLike[str]) -> ConfigFile:

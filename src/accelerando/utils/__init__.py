@@ -1,6 +1,13 @@
 """Accelerate's `accelerate.utils` surface; every name is defined once elsewhere and re-exported."""
 
+from accelerando.checkpoint.atomic import CheckpointError
+from accelerando.commands.merge_weights import merge_fsdp_weights
 from accelerando.config.env import clear_environment, patch_environment
+from accelerando.config.fsdp import (
+    FullyShardedDataParallelPlugin,
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+)
 from accelerando.config.options import (
     AORecipeKwargs,
     AutocastKwargs,

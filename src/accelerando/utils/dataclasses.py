@@ -1,5 +1,6 @@
 """Accelerate's `utils.dataclasses` names, defined in `accelerando.config.options`."""
 
+from accelerando.config.fsdp import FullyShardedDataParallelPlugin
 from accelerando.config.options import (
     AutocastKwargs,
     BaseEnum,
@@ -22,6 +23,7 @@ from accelerando.config.options import (
 )
 
 __all__ = [
+    "FullyShardedDataParallelPlugin",
     "AutocastKwargs",
     "BaseEnum",
     "ComputeEnvironment",

@@ -71,3 +71,12 @@ def test_offload_buffers_serves_a_disk_buffer(tmp_path: Path) -> None:
     model = load_checkpoint_and_dispatch(model, tmp_path, device_map=device_map, offload_buffers=True)
     assert model.scale.device.type == "meta"
     assert torch.allclose(model(inputs()), ref(inputs()))
+
+
+def test_has_offloaded_params_and_config_ties() -> None:
+    from accelerando.big_modeling import cpu_offload
+    from accelerando.utils.modeling import check_tied_parameters_in_config, has_offloaded_params
+
+    model = cpu_offload(reference(), execution_device="cpu")
+    assert has_offloaded_params(model.blocks[0].up) and not has_offloaded_params(model)
+    assert not check_tied_parameters_in_config(reference())

@@ -92,3 +92,14 @@ def test_default_locations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert yc.find_default_config() == theirs  # Accelerate's file is used until we have one
     monkeypatch.setenv("ACCELERANDO_CONFIG_FILE", str(tmp_path / "mine.yaml"))
     assert yc.default_config_path() == tmp_path / "mine.yaml" and yc.find_default_config() is None
+
+
+def test_renamed_fsdp_key_in_config_file_is_refused(tmp_path):
+    from accelerando.config.yaml_config import load_config
+
+    path = tmp_path / "old.yaml"
+    path.write_text(
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_backward_prefetch_policy: BACKWARD_PRE\n  fsdp_version: 2\n"
+    )
+    with pytest.raises(ValueError, match="renamed in Accelerate 1.0; use 'fsdp_backward_prefetch'"):
+        load_config(path)
