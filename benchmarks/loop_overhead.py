@@ -100,7 +100,11 @@ def worker(steps: int, rounds: int) -> None:
         times: dict[str, list[float]] = {v: [] for v in variants}
         for _ in range(rounds):
             for v in variants:
-                t = run_plain(data, accum, precision, width) if v == "plain" else run_framework(v, data, accum, precision, width)
+                t = (
+                    run_plain(data, accum, precision, width)
+                    if v == "plain"
+                    else run_framework(v, data, accum, precision, width)
+                )
                 times[v].append(t)
         results[case] = {v: statistics.median(ts) for v, ts in times.items()}
     if state.is_main_process:
@@ -108,7 +112,9 @@ def worker(steps: int, rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--quick", action="store_true")
@@ -128,7 +134,9 @@ def main() -> None:
         payload = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
         for case, times in payload["results"].items():
             rows.append((nproc, case, times))
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, median ms/step over {args.rounds} interleaved rounds\n")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, median ms/step over {args.rounds} interleaved rounds\n"
+    )
     print("| processes | case | plain PyTorch ms | accelerando ms | ratio | Accelerate ratio |")
     print("|---|---|---|---|---|---|")
     for nproc, case, t in rows:

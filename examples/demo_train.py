@@ -39,7 +39,9 @@ def main() -> None:
     train = DataLoader(make_data(), batch_size=32, shuffle=True)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(train))
     model, optimizer, train, scheduler = accelerator.prepare(model, optimizer, train, scheduler)
-    accelerator.print(f"{accelerator.num_processes} process(es) on {accelerator.device}, {accelerator.distributed_type}")
+    accelerator.print(
+        f"{accelerator.num_processes} process(es) on {accelerator.device}, {accelerator.distributed_type}"
+    )
 
     for epoch in range(args.epochs):
         model.train()
@@ -67,7 +69,9 @@ def main() -> None:
 
     accelerator.save_state(f"{args.output_dir}/checkpoint")
     accelerator.save_model(model, args.output_dir)
-    accelerator.print(f"saved weights to {args.output_dir}/model.safetensors and a checkpoint to {args.output_dir}/checkpoint")
+    accelerator.print(
+        f"saved weights to {args.output_dir}/model.safetensors and a checkpoint to {args.output_dir}/checkpoint"
+    )
 
 
 if __name__ == "__main__":

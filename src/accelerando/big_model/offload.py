@@ -183,16 +183,26 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         return len(self.all_keys)
 
     def prefetch(self, keys: Iterable[str]) -> None:
-        """Ask the kernel to start reading these tensors' bytes (non-blocking; a hint)."""
+        """Ask the kernel to start reading these tensors' bytes (non-blocking; a hint).
+
+        One call per file, over the range covering the tensors (a block's tensors sit together).
+        """
+        ranges: dict[str, tuple[int, int]] = {}
         for key in keys:
             info = self.index.get(key)
             if info is None or key in self.state_dict:
                 continue
             if "safetensors_file" in info:
-                start, length = _safetensors_span(info["safetensors_file"], info.get("weight_name", key))
-                _advise(info["safetensors_file"], start, length)
+                file = info["safetensors_file"]
+                start, length = _safetensors_span(file, info.get("weight_name", key))
             elif self.save_folder is not None:
-                _advise(str(self.save_folder / f"{key}.dat"), 0, 0)
+                file, start, length = str(self.save_folder / f"{key}.dat"), 0, 0
+            else:
+                continue
+            low, high = ranges.get(file, (start, start + length))
+            ranges[file] = (min(low, start), max(high, start + length))
+        for file, (low, high) in ranges.items():
+            _advise(file, low, high - low)
 
 
 _SPANS: dict[str, dict[str, tuple[int, int]]] = {}

@@ -159,7 +159,9 @@ def resolve(
         mixed_precision if mixed_precision is not None else settings.mixed_precision
     )
     if handlers.fp8 is not None and precision != "fp8":
-        raise ValueError(f"an fp8 recipe (AORecipeKwargs) was given but mixed_precision is {precision!r}; use 'fp8'")
+        raise ValueError(
+            f"an fp8 recipe (AORecipeKwargs) was given but mixed_precision is {precision!r}; use 'fp8'"
+        )
     if dataloader_config is not None and not isinstance(dataloader_config, DataLoaderConfiguration):
         raise TypeError(
             f"dataloader_config must be a DataLoaderConfiguration, got {type(dataloader_config).__name__}"

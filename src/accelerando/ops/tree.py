@@ -110,7 +110,7 @@ def send_to_device(
         return _rebuild(data, [send_to_device(o, device, non_blocking, skip_keys) for o in data])
     if isinstance(data, Mapping):
         skip = set(skip_keys or ())
-        return type(data)(
+        return _mapping_type(data)(
             {
                 k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys)
                 for k, v in data.items()
