@@ -109,14 +109,28 @@ def _init_process_group(topology: ProcessTopology, backend: str, kwargs: InitPro
     return True
 
 
+_FAILED = False
+
+
 def _teardown_at_exit() -> None:
-    """Destroy our process group before interpreter shutdown; gloo aborts the process otherwise."""
+    """Destroy our process group before interpreter shutdown; gloo aborts the process otherwise.
+
+    On gloo the ranks first meet at a bounded barrier, so no rank closes its connections while a
+    peer is still finishing its last collective (that too aborts the peer). A rank that is exiting
+    because of an uncaught error skips the barrier: its peers are being stopped by the launcher.
+    """
     runtime = _RUNTIME
-    if runtime is not None and runtime.owns_process_group and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - exiting anyway; never turn a clean exit into a crash
-            pass
+    if runtime is None or not runtime.owns_process_group or not dist.is_initialized():
+        return
+    try:
+        if not _FAILED and runtime.backend == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=30))
+    except Exception:  # noqa: BLE001 - a peer already left; tear down anyway
+        pass
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - exiting anyway; never turn a clean exit into a crash
+        pass
 
 
 def _install_excepthook(rank: int) -> None:
@@ -124,6 +138,8 @@ def _install_excepthook(rank: int) -> None:
     previous = sys.excepthook
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        global _FAILED
+        _FAILED = True
         text = "".join(traceback.format_exception(exc_type, exc, tb))
         sys.stderr.write(f"[accelerando] rank {rank} failed:\n{text}")
         sys.stderr.flush()
