@@ -3,6 +3,15 @@
 __version__ = "0.1.0"
 
 from accelerando.accelerator import Accelerator
+from accelerando.big_modeling import (
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    init_empty_weights,
+    init_on_device,
+    load_checkpoint_and_dispatch,
+)
 from accelerando.config.fsdp import FullyShardedDataParallelPlugin
 from accelerando.config.options import (
     AORecipeKwargs,
@@ -18,10 +27,12 @@ from accelerando.config.options import (
     ProjectConfiguration,
 )
 from accelerando.data_loader import skip_first_batches
+from accelerando.inference import prepare_pippy
 from accelerando.launchers import debug_launcher, notebook_launcher
 from accelerando.state import PartialState
 from accelerando.utils.imports import is_rich_available
 from accelerando.utils.memory import find_executable_batch_size
+from accelerando.utils.modeling import infer_auto_device_map, load_checkpoint_in_model
 from accelerando.utils.random import synchronize_rng_states
 
 
@@ -49,6 +60,16 @@ __all__ = [
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "PartialState",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+    "prepare_pippy",
     "debug_launcher",
     "notebook_launcher",
     "skip_first_batches",

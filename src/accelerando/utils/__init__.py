@@ -63,6 +63,38 @@ from accelerando.utils.imports import (
     is_xpu_available,
 )
 from accelerando.utils.memory import clear_device_cache, find_executable_batch_size, release_memory
+from accelerando.utils.modeling import (
+    align_module_device,
+    calculate_maximum_sizes,
+    check_device_map,
+    check_tied_parameters_in_config,
+    check_tied_parameters_on_same_device,
+    compute_module_sizes,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    find_tied_parameters,
+    get_balanced_memory,
+    get_max_layer_size,
+    get_max_memory,
+    has_offloaded_params,
+    id_tensor_storage,
+    infer_auto_device_map,
+    load_checkpoint_in_model,
+    load_offloaded_weights,
+    load_state_dict,
+    named_module_tensors,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+from accelerando.utils.offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
 from accelerando.utils.operations import (
     broadcast,
     broadcast_object_list,
