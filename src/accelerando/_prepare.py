@@ -11,6 +11,7 @@ from accelerando.ops.tree import convert_to_fp32
 from accelerando.parallel.compile import compile_model
 from accelerando.precision.base import Precision
 
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 MODEL, OPTIMIZER, SCHEDULER, DATALOADER, OTHER = "model", "optimizer", "scheduler", "dataloader", "other"
 
 
@@ -40,6 +41,8 @@ def wrap_forward_in_autocast(model: torch.nn.Module, precision: Precision) -> No
     def forward(*args: Any, **kwargs: Any) -> Any:
         with precision.autocast():
             out = original(*args, **kwargs)
+        if isinstance(out, torch.Tensor):  # the common case, without walking a structure
+            return out.float() if out.dtype in _LOW_PRECISION else out
         return convert_to_fp32(out)
 
     model._original_forward = original  # type: ignore[assignment]

@@ -349,10 +349,12 @@ class Accelerator(ConfigViews):
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
         """One micro-batch: gradients sync and optimizers step only at the end of a window."""
         self._do_sync()
+        if self.sync_gradients or self._runtime.gradient.sync_each_batch or not models:
+            yield  # the common, syncing step: no context to enter
+            return
         with contextlib.ExitStack() as stack:
-            if not self.sync_gradients and not self._runtime.gradient.sync_each_batch:
-                for model in models:
-                    stack.enter_context(self.no_sync(model))
+            for model in models:
+                stack.enter_context(self.no_sync(model))
             yield
 
     @contextlib.contextmanager

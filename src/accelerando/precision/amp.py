@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -41,13 +40,12 @@ class AmpPrecision(Precision):
     def wraps_forward(self) -> bool:
         return self.autocast_kwargs.enabled
 
-    @contextlib.contextmanager
-    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> Iterator[None]:
-        kwargs: dict[str, Any] = {"dtype": self.compute_dtype, "enabled": enabled}
-        if cache_enabled is not None:
-            kwargs["cache_enabled"] = cache_enabled
-        with torch.autocast(self.device_type, **kwargs):
-            yield
+    def autocast(
+        self, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager:
+        return torch.autocast(
+            self.device_type, dtype=self.compute_dtype, enabled=enabled, cache_enabled=cache_enabled
+        )
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self._scaler.scale(loss) if self._scaler is not None else loss
