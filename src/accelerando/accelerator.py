@@ -33,6 +33,22 @@ from accelerando.state import AcceleratorState, GradientState, configure_gradien
 from accelerando.strategies import StrategyContext, build_strategy
 
 
+def _from_state(name: str) -> Any:
+    """A read-only property answered by `self.state` (the PartialState view of the runtime)."""
+    return property(lambda self: getattr(self.state, name), doc=f"Same as `PartialState.{name}`.")
+
+
+def _state_method(name: str) -> Any:
+    """A method forwarded to `self.state`, documented there."""
+
+    def forward(self: Accelerator, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.state, name)(*args, **kwargs)
+
+    forward.__name__ = name
+    forward.__doc__ = f"Same as `PartialState.{name}`."
+    return forward
+
+
 class Accelerator(ConfigViews):
     """Run one training script on any device count: see docs/ and `../shared/reference/API.md`."""
 
@@ -127,41 +143,26 @@ class Accelerator(ConfigViews):
         return self._runtime.precision
 
     # ---- process properties ----------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self._runtime.device
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        return self._runtime.topology.world_size
-
-    @property
-    def process_index(self) -> int:
-        return self._runtime.topology.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self._runtime.topology.local_rank
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.local_process_index == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.process_index == self.num_processes - 1
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.num_processes > 1
+    # ---- process placement and control: the state view answers ------------------------------
+    device = _from_state("device")
+    distributed_type = _from_state("distributed_type")
+    num_processes = _from_state("num_processes")
+    process_index = _from_state("process_index")
+    local_process_index = _from_state("local_process_index")
+    is_main_process = _from_state("is_main_process")
+    is_local_main_process = _from_state("is_local_main_process")
+    is_last_process = _from_state("is_last_process")
+    use_distributed = _from_state("use_distributed")
+    wait_for_everyone = _state_method("wait_for_everyone")
+    main_process_first = _state_method("main_process_first")
+    local_main_process_first = _state_method("local_main_process_first")
+    split_between_processes = _state_method("split_between_processes")
+    on_main_process = _state_method("on_main_process")
+    on_local_main_process = _state_method("on_local_main_process")
+    on_last_process = _state_method("on_last_process")
+    on_process = _state_method("on_process")
+    on_local_process = _state_method("on_local_process")
+    print = _state_method("print")
 
     @property
     def multi_device(self) -> bool:
@@ -190,39 +191,6 @@ class Accelerator(ConfigViews):
     @property
     def native_amp(self) -> bool:
         return self.mixed_precision in ("fp16", "bf16")
-
-    # ---- process control (delegates to the state view) -------------------------------------
-    def wait_for_everyone(self) -> None:
-        self.state.wait_for_everyone()
-
-    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state.local_main_process_first()
-
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def on_main_process(self, function: Callable) -> Callable:
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable) -> Callable:
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable) -> Callable:
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(
-        self, function: Callable | None = None, local_process_index: int | None = None
-    ) -> Callable:
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        self.state.print(*args, **kwargs)
 
     # ---- prepare ---------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
