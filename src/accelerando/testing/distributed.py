@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from accelerando.config import env
+from accelerando.config import env as config_env
 
 
 def free_port() -> int:
@@ -47,7 +47,7 @@ def run_distributed(
     expect_success: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Run `script` on `nproc` ranks; raise AssertionError with the output unless it exits as expected."""
-    child_env = {**env.snapshot(), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    child_env = {**config_env.snapshot(), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     child_env.update(env or {})
     cmd = torchrun_command(script, args, nproc)
     try:
