@@ -148,9 +148,9 @@ class StagedCheckpoint:
         if callable(content):
             content(path)
         else:
-            import torch
+            from accelerando.checkpoint.state_dict import write_data_file
 
-            torch.save(content, path)
+            write_data_file(path, content)
         self.track(name)
 
     def track(self, name: str) -> None:
