@@ -8,26 +8,6 @@ from accelerando.config.fsdp import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
 )
-from accelerando.config.options import (
-    AORecipeKwargs,
-    AutocastKwargs,
-    ComputeEnvironment,
-    DataLoaderConfiguration,
-    DDPCommunicationHookType,
-    DistributedDataParallelKwargs,
-    DistributedType,
-    DynamoBackend,
-    GradientAccumulationPlugin,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-    LoggerType,
-    PrecisionType,
-    ProfileKwargs,
-    ProjectConfiguration,
-    RNGType,
-    TorchDynamoPlugin,
-)
 from accelerando.utils.constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,
@@ -43,6 +23,7 @@ from accelerando.utils.constants import (
     WEIGHTS_NAME,
     WEIGHTS_PATTERN_NAME,
 )
+from accelerando.utils.dataclasses import *  # noqa: F403 - one list of names, kept there
 from accelerando.utils.imports import (
     is_bf16_available,
     is_cuda_available,

@@ -2,6 +2,7 @@
 
 from accelerando.config.fsdp import FullyShardedDataParallelPlugin
 from accelerando.config.options import (
+    AORecipeKwargs,
     AutocastKwargs,
     BaseEnum,
     ComputeEnvironment,
@@ -23,6 +24,7 @@ from accelerando.config.options import (
 )
 
 __all__ = [
+    "AORecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "AutocastKwargs",
     "BaseEnum",

@@ -4,6 +4,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando import Accelerator, InitProcessGroupKwargs
 from accelerando.state import PartialState, reset_runtime
@@ -50,26 +51,6 @@ def check_ddp_equals_full_batch(acc):
         assert (p - q).abs().max().item() < 1e-10, (p - q).abs().max()
 
 
-class Loader:
-    """Stand-in for a prepared loader: per-rank micro-batches with the attributes accumulation reads."""
-
-    def __init__(self, batches, gs):
-        self.batches, self.gs = batches, gs
-        self.end_of_dataloader, self.remainder, self.batches_yielded = False, -1, 0
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        self.gs._add_dataloader(self)
-        try:
-            for i, b in enumerate(self.batches):
-                self.batches_yielded, self.end_of_dataloader = i + 1, i == len(self.batches) - 1
-                yield b
-        finally:
-            self.gs._remove_dataloader(self)
-
-
 def check_accumulation_with_partial_window():
     reset_runtime()
     acc = Accelerator(gradient_accumulation_steps=2)
@@ -77,11 +58,12 @@ def check_accumulation_with_partial_window():
     model = model_fn()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
-    r = acc.process_index
-    # 5 global micro-batches of 8 (4 per rank); windows of 2, 2 and a partial 1.
-    batches = [(x[s * 8 + r * 4 : s * 8 + r * 4 + 4], y[s * 8 + r * 4 : s * 8 + r * 4 + 4]) for s in range(5)]
+    # 5 global micro-batches of 8 (4 per rank, batch i of rank r is global batch 2i + r);
+    # windows of 2, 2 and a partial 1.
+    loader = acc.prepare(DataLoader(TensorDataset(x, y), batch_size=4))
+    assert len(loader) == 5
     losses = []
-    for xb, yb in Loader(batches, acc.gradient_state):
+    for xb, yb in loader:
         with acc.accumulate(model):
             loss = torch.nn.functional.mse_loss(model(xb), yb)
             acc.backward(loss)

@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando import Accelerator, GradientAccumulationPlugin, GradScalerKwargs
 from accelerando.state import AcceleratorState, GradientState, PartialState
@@ -22,27 +23,6 @@ def _data(n=20):
     )
 
 
-class _Loader:
-    """A minimal prepared-loader stand-in with the attributes accumulation reads."""
-
-    def __init__(self, batches, gradient_state):
-        self.batches, self.gs = batches, gradient_state
-        self.end_of_dataloader, self.remainder, self.batches_yielded = False, -1, 0
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        self.gs._add_dataloader(self)
-        try:
-            for i, b in enumerate(self.batches):
-                self.batches_yielded = i + 1
-                self.end_of_dataloader = i == len(self.batches) - 1
-                yield b
-        finally:
-            self.gs._remove_dataloader(self)
-
-
 def test_accumulation_with_partial_last_window_equals_full_batches():
     x, y = _data(20)
     ref = _model()
@@ -57,7 +37,7 @@ def test_accumulation_with_partial_last_window_equals_full_batches():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
-    loader = _Loader([(x[i : i + 4], y[i : i + 4]) for i in range(0, 20, 4)], acc.gradient_state)
+    loader = acc.prepare(DataLoader(TensorDataset(x, y), batch_size=4))
     syncs = []
     for xb, yb in loader:
         with acc.accumulate(model):
