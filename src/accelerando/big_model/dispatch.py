@@ -376,14 +376,25 @@ def cpu_offload(
     preload_module_classes: Sequence[str] | None = None,
 ) -> nn.Module:
     """Keep all weights on cpu; each submodule gets them on `execution_device` only while it runs."""
-    device = execution_device if execution_device is not None else _first_device(model)
     if state_dict is None:
         state_dict = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
+    return _serve_offloaded(model, state_dict, execution_device, offload_buffers, preload_module_classes)
+
+
+def _serve_offloaded(
+    model: nn.Module,
+    weights: Mapping[str, Any],
+    execution_device: DeviceLike | None,
+    offload_buffers: bool,
+    preload_module_classes: Sequence[str] | None,
+) -> nn.Module:
+    """Hook every submodule to fetch its weights from `weights` onto the device while it runs."""
+    device = execution_device if execution_device is not None else _first_device(model)
     attach_align_device_hook(
         model,
         device,
         offload=True,
-        weights_map=state_dict,
+        weights_map=weights,
         offload_buffers=offload_buffers,
         preload_module_classes=preload_module_classes,
     )
@@ -413,19 +424,8 @@ def disk_offload(
     """Write the weights to `offload_dir` (unless an index is there) and serve them memory-mapped."""
     if not (Path(offload_dir) / "index.json").exists():
         offload_state_dict(offload_dir, model.state_dict())
-    device = execution_device if execution_device is not None else _first_device(model)
     weights = OffloadedWeightsLoader(save_folder=offload_dir)
-    attach_align_device_hook(
-        model,
-        device,
-        offload=True,
-        weights_map=weights,
-        offload_buffers=offload_buffers,
-        preload_module_classes=preload_module_classes,
-    )
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    link_prefetch_chain(model)
-    return model
+    return _serve_offloaded(model, weights, execution_device, offload_buffers, preload_module_classes)
 
 
 def load_checkpoint_and_dispatch(
