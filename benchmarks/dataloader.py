@@ -4,8 +4,9 @@
 
 Runs itself under torchrun (gloo, CPU) and prints, for one epoch over the same dataset:
 plain `DataLoader` + `DistributedSampler` (the baseline), accelerando's prepared loader,
-accelerando with `dispatch_batches=True`, and the same two through Hugging Face Accelerate when
-it is importable. Times are the slowest rank's, median over interleaved repeats. Then what
+accelerando with `dispatch_batches=True`, the floor of any dispatcher (rank 0 reading every rank's
+batches and sending nothing), and the same two through Hugging Face Accelerate when it is
+importable. Times are the slowest rank's, median over interleaved repeats. Then what
 `skip_first_batches` adds to the time to the first batch when it jumps to batch 2,000, with cheap
 and with expensive samples (it must not grow with the cost of a sample).
 """
@@ -98,8 +99,13 @@ def _factories(ds: Dataset, bs: int, epoch: list[int]) -> dict[str, Callable[[],
 
         return build
 
+    def rank0_alone() -> Any:
+        """The floor of any dispatcher: rank 0 reads every rank's batches and sends nothing."""
+        return DataLoader(ds, batch_size=bs, shuffle=True) if rank == 0 else []
+
     out = {"plain DataLoader + DistributedSampler": plain, "accelerando": ours(False)}
     out.update({"accelerando dispatch_batches": ours(True)})
+    out.update({"(floor) rank 0 alone reads all, sends nothing": rank0_alone})
     out.update(_accelerate_factories(ds, bs))
     return out
 

@@ -1,10 +1,12 @@
 """`dispatch_batches=True`: rank 0 reads the data and sends each rank only its own piece.
 
-Rank 0 collates each *global* batch once (so a padding collator pads the whole step alike, as in
-Accelerate), slices it, and sends every other rank its slice (`transport`: shared memory on the
-same host, a dedicated gloo group otherwise), asynchronously, so rank 0 is already loading the
-next step. Ranks get exactly the batches the non-dispatch sharding
-gives them (`sharding`), including a short or missing final batch.
+Rank 0 loads every rank's batch and sends it (`transport`: shared memory on the same host, a
+dedicated gloo group otherwise) from a background thread, so it is already loading the next one.
+Ranks get exactly the batches the non-dispatch sharding gives them (`sharding`), including a short
+or missing final batch. As in Accelerate, with `split_batches=True` rank 0 collates the whole
+step's batch once and slices it (`slice_fn_for_dispatch`); otherwise it collates each rank's batch
+on its own, as that rank would without dispatch (so a padding collator pads per rank, and batches
+of different lengths need no concatenation).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from accelerando.config.options import DataLoaderConfiguration
 from accelerando.data import sharding as sh
 from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard
-from accelerando.data.transport import Channel, EndMsg, shared_memory_plan
+from accelerando.data.transport import Channel, EndMsg, Plan, shared_memory_plan
 
 
 def batch_length(batch: Any) -> int:
@@ -59,8 +61,13 @@ def slice_batch(batch: Any, piece: slice, size: int) -> Any:
 
 
 class DispatchBatchSampler(BatchSamplerShard):
-    """Rank 0's index stream: whole global batches (torch `BatchSampler`), else per-rank batches
-    in rank order, one round after another (a custom batch sampler, kept as it is)."""
+    """Rank 0's index stream: whole global batches (torch `BatchSampler` with `split_batches`), else
+    each rank's batch in rank order, one round after another (a custom batch sampler is kept)."""
+
+    @property
+    def global_batches(self) -> bool:
+        """True when rank 0 loads whole global batches and slices them."""
+        return bool(self.plain and self.split_batches)
 
     def length_for(self, rank: int) -> int:
         """Batches rank `rank` gets in a whole epoch."""
@@ -72,7 +79,7 @@ class DispatchBatchSampler(BatchSamplerShard):
         return sh.round_robin_len(len(self.batch_sampler), spec)
 
     def __len__(self) -> int:
-        if self.plain:  # global batches: rank 0 always has the most
+        if self.global_batches:  # rank 0 always has the most
             return max(self.length_for(0) - self.skip, 0)
         return sum(max(self.length_for(r) - self.skip, 0) for r in range(self.num_processes))
 
@@ -82,7 +89,8 @@ class DispatchBatchSampler(BatchSamplerShard):
         if self.plain:
             indices = list(self.batch_sampler.sampler)
             self.remainder = sh.remainder(len(indices), spec)
-            return (chunk for chunk, _ in sh.iter_global_batches(indices, spec, skip))
+            chunks = (chunk for chunk, _ in sh.iter_global_batches(indices, spec, skip))
+            return chunks if self.global_batches else _pieces(chunks, spec)
         return self._iter_rounds(spec, skip)
 
     def _iter_rounds(self, spec: sh.ShardSpec, skip: int) -> Iterator[list[int]]:
@@ -105,14 +113,31 @@ class DispatchBatchSampler(BatchSamplerShard):
             yield from (list(b) for b in round_)
 
 
+def _pieces(chunks: Iterator[list[Any]], spec: sh.ShardSpec) -> Iterator[list[Any]]:
+    """Each global batch cut into the ranks' batches, in rank order (empty pieces left out)."""
+    for chunk in chunks:
+        for r in range(spec.world_size):
+            bounds = sh.piece_bounds(len(chunk), spec, r)
+            if bounds is not None:
+                yield chunk[bounds[0] : bounds[1]]
+
+
 class GlobalBatchDataset(IterableDataset):
-    """Rank 0's view of an iterable dataset: the stream cut in global batches (padded or short)."""
+    """Rank 0's view of an iterable dataset: the stream cut in global batches (padded or short).
+
+    Rank 0's loader batches it by the global size (`split_batches`) or by the per-rank size, which
+    cuts each global batch into the ranks' batches in rank order.
+    """
 
     def __init__(self, dataset: Any, spec: sh.ShardSpec) -> None:
         self.dataset = dataset
         self.spec = spec
         self.skip = 0
         self.remainder = -1
+
+    @property
+    def global_batches(self) -> bool:
+        return self.spec.split_batches
 
     @property
     def even_batches(self) -> bool:
@@ -220,12 +245,12 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
     def _source(self, start: int) -> Iterator[Any]:
         restoring = self._stateful and self._pending_state is not None
         self._pending_state = None
+        self._channel.begin_pass()
         if self._rank != 0:
             return self._receive()
         self._shard.skip = 0 if restoring else start
         inner = iter(super(PreparedLoaderMixin, self).__iter__())
-        global_mode = isinstance(self._shard, GlobalBatchDataset) or self._shard.plain
-        return self._produce(inner, global_mode)
+        return self._produce(inner, self._shard.global_batches)
 
     def _receive(self) -> Iterator[Any]:
         self._remote_remainder = -1
@@ -260,22 +285,21 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
             rounds = (self._cut(batch) for batch in inner)
         else:
             rounds = _group(inner, n)
-        try:
-            for pieces in rounds:
-                pieces = pieces + [None] * (n - len(pieces))
-                end = EndMsg(-1)
-                msgs = {r: (end if pieces[r] is None else pieces[r]) for r in range(1, n) if r not in ended}
-                ended.update(r for r, m in msgs.items() if m is end)
-                if msgs:
-                    self._channel.send_round(msgs)
-                if pieces[0] is not None:
-                    yield pieces[0]
-            final = EndMsg(self._final_remainder())
-            last = {r: final for r in range(1, n) if r not in ended}
-            if last:
-                self._channel.send_round(last)
-        finally:
-            self._channel.flush()
+        for pieces in rounds:
+            pieces = pieces + [None] * (n - len(pieces))
+            end = EndMsg(-1)
+            msgs = {r: (end if pieces[r] is None else pieces[r]) for r in range(1, n) if r not in ended}
+            ended.update(r for r, m in msgs.items() if m is end)
+            if msgs:
+                self._channel.send_round(msgs)
+            if pieces[0] is not None:
+                yield pieces[0]
+            self._channel.reclaim()
+        final = EndMsg(self._final_remainder())
+        last = {r: final for r in range(1, n) if r not in ended}
+        if last:
+            self._channel.send_round(last)
+        self._channel.end_pass()
 
 
 def _group(inner: Iterator[Any], n: int) -> Iterator[list[Any]]:
@@ -318,11 +342,12 @@ def prepare_dispatcher(
             "dispatch_batches=True with several processes needs torch.distributed initialized first"
         )
     group = dist.new_group(backend="gloo") if num_processes > 1 else None
-    token, local = shared_memory_plan(group) if group is not None else (None, set())
+    plan = shared_memory_plan(group) if group is not None else Plan()
     pin = bool(dl.pin_memory) and torch.cuda.is_available()
-    channel = Channel(group, process_index, token, local, pin)
+    channel = Channel(group, process_index, plan, pin)
     if group is not None:
         dist.barrier(group=group)  # rank 0's pipes and buffers exist before anyone opens them
+        channel.connect()
     kwargs = prep.loader_kwargs(dl)
     dataset: Any = dl.dataset
     if isinstance(dl.dataset, IterableDataset):
@@ -338,7 +363,7 @@ def prepare_dispatcher(
         )
         shard: Any = GlobalBatchDataset(dl.dataset, spec)
         dataset = shard
-        kwargs.update(batch_size=spec.global_size, drop_last=False)
+        kwargs.update(batch_size=spec.global_size if spec.split_batches else spec.per_rank, drop_last=False)
         seed = prep.resolve_seed(config, dl, num_processes, False)
     else:
         batch_sampler, as_sampler = prep._source_batch_sampler(dl)

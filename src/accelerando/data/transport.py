@@ -1,35 +1,45 @@
 """Moving one rank's batch from rank 0 to rank r for `dispatch_batches=True`.
 
-A batch travels as one contiguous byte buffer: the pickled structure (tensors replaced by slots)
-followed by each tensor's bytes, announced by a 7-int control message. Ranks on rank 0's host
-read the buffer from a ring of shared-memory files (`/dev/shm`) and get the control message
-through a named pipe (they sleep in `read` until it arrives): two memory copies, no TCP stack.
-Ranks on other hosts get both over a dedicated gloo group.
+A batch is its pickled structure (tensors replaced by slots) plus each tensor's bytes, announced
+by an 8-int control message. Rank 0 loads every rank's data, so it must not also copy it:
+
+- ranks on rank 0's host that may read its memory (`cross_memory`) get the structure and the
+  tensors' addresses through a ring of shared-memory files (`/dev/shm`) and copy the bytes out of
+  rank 0 themselves; rank 0 keeps those tensors alive until the receiver says it is done;
+- other ranks on its host get the bytes copied into that ring (one copy each side);
+- ranks on other hosts get both over a dedicated gloo group.
+
+Local ranks get the control message through a named pipe (they sleep in `read` until it arrives).
+Every message carries the number of the pass it belongs to, so a pass that was left early (a
+`break` on every rank) leaves nothing behind for the next one.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import select
 import socket
 import struct
 import time
 import uuid
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from accelerando.data import cross_memory
 from accelerando.ops.tree import recursively_apply
 
-_BATCH, _END = 0, 1
+_BATCH, _END, _REMOTE = 0, 1, 2  # bytes in the ring / end of pass / bytes read from rank 0
 _ALIGN = 64
 _SLOTS = 4  # buffers rank 0 may fill ahead of a receiver
 _SHM_DIR = "/dev/shm"
-_CTRL = struct.Struct("<7q")
+_POLL_INTERVAL, _POLL_SECONDS = 20e-6, 5e-3  # a waiting receiver polls this long before it blocks
+_CTRL = struct.Struct("<8q")  # kind, header, total, remainder, seq, slot, generation, pass
 
 
 @dataclass(frozen=True)
@@ -78,19 +88,44 @@ class Packed:
                 buf[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t)
 
 
-def pack(batch: Any) -> Packed:
-    """Plan the buffer for `batch`: its pickled skeleton and where each tensor's bytes go."""
+def _split(batch: Any) -> tuple[Any, list[torch.Tensor]]:
+    """(structure with tensors replaced by slots, the tensors in slot order)."""
     tensors: list[torch.Tensor] = []
 
     def take(t: torch.Tensor) -> _Slot:
         tensors.append(t.detach())
         return _Slot(len(tensors) - 1)
 
-    skeleton = recursively_apply(take, batch)
+    return recursively_apply(take, batch), tensors
+
+
+def _join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    return recursively_apply(lambda s: tensors[s.index], skeleton, test_type=lambda x: isinstance(x, _Slot))
+
+
+def pack(batch: Any) -> Packed:
+    """Plan the buffer for `batch`: its pickled skeleton and where each tensor's bytes go."""
+    skeleton, tensors = _split(batch)
     metas = [(t.dtype, tuple(t.shape)) for t in tensors]
     header = pickle.dumps((skeleton, metas), protocol=pickle.HIGHEST_PROTOCOL)
     offsets, total = _layout(len(header), metas)
     return Packed(header, tensors, offsets, total)
+
+
+def pack_remote(batch: Any) -> tuple[bytes, list[torch.Tensor]]:
+    """(header naming each tensor's address in this process, the tensors to keep alive meanwhile)."""
+    skeleton, tensors = _split(batch)
+    tensors = [t.contiguous() if t.device.type == "cpu" else t.cpu().contiguous() for t in tensors]
+    metas = [(t.dtype, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
+    return pickle.dumps((skeleton, metas), protocol=pickle.HIGHEST_PROTOCOL), tensors
+
+
+def unpack_remote(header: bytes, pid: int, pin: bool) -> Any:
+    """Inverse of `pack_remote`, in the receiving process: copy each tensor out of process `pid`."""
+    skeleton, metas = pickle.loads(header)
+    tensors = [torch.empty(shape, dtype=dtype, pin_memory=pin) for dtype, shape, _, _ in metas]
+    cross_memory.read(pid, [(addr, n) for _, _, addr, n in metas], tensors)
+    return _join(skeleton, tensors)
 
 
 def encode(batch: Any) -> tuple[torch.Tensor, int]:
@@ -110,7 +145,7 @@ def decode(buf: torch.Tensor, header_len: int) -> Any:
         tensors.append(
             buf[off : off + nbytes].view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
         )
-    return recursively_apply(lambda s: tensors[s.index], skeleton, test_type=lambda x: isinstance(x, _Slot))
+    return _join(skeleton, tensors)
 
 
 def _map(path: str, size: int) -> torch.Tensor:
@@ -132,40 +167,80 @@ def _unlink_all(paths: set[str]) -> None:
     paths.clear()
 
 
-def _close(fd: int, paths: set[str]) -> None:
+@dataclass
+class _Ring:
+    """What a receiver may still read: `held[slot]` stays alive until `ack` (messages the receiver
+    has consumed) reaches `seq` (messages sent)."""
+
+    ack: Any  # a one-int numpy view of the shared counter (reads in 0.1 us, a tensor's in 1 us)
+    seq: int = 0
+    freed: int = 0
+    held: list[list[torch.Tensor]] = field(default_factory=lambda: [[] for _ in range(_SLOTS)])
+
+    def unread(self) -> bool:
+        return int(self.ack[0]) < self.seq
+
+    def reclaim(self) -> None:
+        """Drop what the receiver has read, early: the loader's next batch may reuse that warm memory."""
+        read = int(self.ack[0])
+        while self.freed < read:
+            self.held[self.freed % _SLOTS] = []
+            self.freed += 1
+
+
+_ORPHANS: list[_Ring] = []  # rings of dropped channels whose receiver may still be reading them
+
+
+def _prune_orphans() -> None:
+    _ORPHANS[:] = [ring for ring in _ORPHANS if ring.unread()]
+
+
+def _close(fd: int, paths: set[str], ring: _Ring) -> None:
     os.close(fd)
     _unlink_all(paths)
+    if ring.unread() and any(ring.held):
+        _ORPHANS.append(ring)  # a receiver may still copy these out of our memory
 
 
 class _ShmWriter:
     """Rank 0's ring of shared-memory buffers towards one receiver, plus a named pipe for control.
 
     The receiver writes how many messages it has consumed into a shared counter; a slot is reused
-    only after its previous message was read (rank 0 runs at most `_SLOTS` messages ahead).
+    only after its previous message was read (rank 0 runs at most `_SLOTS` messages ahead), and
+    only then are the tensors a cross-memory message pointed at released, even if the channel is
+    dropped meanwhile.
     """
 
     def __init__(self, base: str) -> None:
+        _prune_orphans()
         self.base = base
         self.paths: set[str] = set()
-        self.ack = _create(f"{base}-ack", 8).view(torch.int64)
+        ack = _create(f"{base}-ack", 8).view(torch.int64).numpy()
         self.paths.add(f"{base}-ack")
-        self.ack.zero_()
+        ack[0] = 0
+        self.ring = _Ring(ack)
         os.mkfifo(f"{base}-ctl")  # the receiver sleeps in read() until a control message arrives
         self.paths.add(f"{base}-ctl")
         self.fd = os.open(f"{base}-ctl", os.O_RDWR)
         self.views: list[torch.Tensor | None] = [None] * _SLOTS
         self.gens = [0] * _SLOTS
-        self.seq = 0
-        self._finalizer = weakref.finalize(self, _close, self.fd, self.paths)
+        self._finalizer = weakref.finalize(self, _close, self.fd, self.paths, self.ring)
 
     def control(self, values: list[int]) -> None:
-        os.write(self.fd, _CTRL.pack(*values))  # 56 bytes < PIPE_BUF: one atomic write
+        os.write(self.fd, _CTRL.pack(*values))  # 64 bytes < PIPE_BUF: one atomic write
+
+    def wait_read(self) -> None:
+        """Block until the receiver has consumed every message sent so far."""
+        while self.ring.unread():
+            time.sleep(_POLL_INTERVAL)
 
     def slot(self, size: int) -> tuple[int, int, int, torch.Tensor]:
         """(seq, slot, generation, buffer) for the next message, once the receiver freed that slot."""
-        seq, slot = self.seq, self.seq % _SLOTS
-        while int(self.ack[0]) < seq - _SLOTS + 1:
-            time.sleep(20e-6)
+        ring = self.ring
+        seq, slot = ring.seq, ring.seq % _SLOTS
+        while int(ring.ack[0]) < seq - _SLOTS + 1:
+            time.sleep(_POLL_INTERVAL)
+        ring.reclaim()
         view = self.views[slot]
         if view is None or view.numel() < size:
             old = f"{self.base}-{slot}-{self.gens[slot]}"
@@ -177,85 +252,151 @@ class _ShmWriter:
                 os.unlink(old)
                 self.paths.discard(old)
             self.views[slot] = view
-        self.seq += 1
+        ring.seq += 1
         return seq, slot, self.gens[slot], view
 
 
 class _ShmReader:
     def __init__(self, base: str) -> None:
+        """Open rank 0's pipe and counter (they exist: the channel's creators met at a barrier)."""
         self.base = base
-        self.ack: torch.Tensor | None = None
-        self.fd = -1
+        self.ack = _map(f"{base}-ack", 8).view(torch.int64).numpy()
+        self.fd = os.open(f"{base}-ctl", os.O_RDONLY | os.O_NONBLOCK)
+        weakref.finalize(self, os.close, self.fd)
         self.maps: dict[int, tuple[int, torch.Tensor]] = {}
 
     def control(self) -> tuple[int, ...]:
-        if self.fd < 0:
-            self.fd = os.open(f"{self.base}-ctl", os.O_RDONLY)
-            weakref.finalize(self, os.close, self.fd)
-        data = b""
-        while len(data) < _CTRL.size:
-            chunk = os.read(self.fd, _CTRL.size - len(data))
-            if not chunk:
+        """The next control message. Poll, then block: a reader blocked in `read` is woken by rank
+        0's `write`, and the scheduler then often runs it on rank 0's core, stalling the loader."""
+        deadline = time.monotonic() + _POLL_SECONDS
+        while True:
+            try:
+                data = os.read(self.fd, _CTRL.size)  # whole messages: each write is one atomic message
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(_POLL_INTERVAL)
+                else:
+                    select.select([self.fd], [], [])
+                continue
+            if not data:
                 raise RuntimeError("dispatch_batches: rank 0 closed the data channel")
-            data += chunk
-        return _CTRL.unpack(data)
+            return _CTRL.unpack(data)
 
-    def read(self, seq: int, slot: int, gen: int, total: int) -> torch.Tensor:
-        if self.ack is None:
-            self.ack = _map(f"{self.base}-ack", 8).view(torch.int64)
+    def release(self, seq: int) -> None:
+        """Give the slot of message `seq` (and what it pointed at) back to rank 0."""
+        self.ack[0] = seq + 1
+
+    def view(self, slot: int, gen: int, total: int) -> torch.Tensor:
         cached = self.maps.get(slot)
         if cached is None or cached[0] != gen:
             path = f"{self.base}-{slot}-{gen}"
             cached = (gen, _map(path, os.path.getsize(path)))
             self.maps[slot] = cached
-        buf = cached[1][:total].clone()
-        self.ack[0] = seq + 1
-        return buf
+        return cached[1][:total]
 
 
-def shared_memory_plan(group: Any) -> tuple[str | None, set[int]]:
-    """(token, ranks that can read rank 0's /dev/shm); collective over `group`."""
+@dataclass(frozen=True)
+class Plan:
+    """Who reaches rank 0 how: `token` names the shared-memory files, `local` ranks share its host,
+    `cross` (a subset) may read its memory, whose process id is `pid`."""
+
+    token: str | None = None
+    local: frozenset[int] = frozenset()
+    cross: frozenset[int] = frozenset()
+    pid: int = -1
+
+
+def shared_memory_plan(group: Any) -> Plan:
+    """Find the ranks on rank 0's host and those that can read rank 0's memory; collective over `group`."""
+    rank = dist.get_rank(group)
     where = (socket.gethostname(), os.path.isdir(_SHM_DIR) and os.access(_SHM_DIR, os.W_OK))
     everyone: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, where, group=group)
-    token = [uuid.uuid4().hex[:16]]
-    dist.broadcast_object_list(token, src=0, group=group)
     host, ok = everyone[0]
-    local = {r for r, (h, can) in enumerate(everyone) if r and ok and can and h == host}
-    return token[0], local
+    local = frozenset(r for r, (h, can) in enumerate(everyone) if r and ok and can and h == host)
+    probe = torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
+    if rank == 0:
+        cross_memory.allow_readers()
+    offer: list[Any] = [uuid.uuid4().hex[:16], os.getpid(), probe.data_ptr(), probe.numpy().tobytes()]
+    dist.broadcast_object_list(offer, src=0, group=group)
+    token, pid, address, expected = offer
+    can_read = rank in local and cross_memory.probe(pid, address, expected)
+    dist.all_gather_object(everyone, can_read, group=group)
+    cross = frozenset(r for r, yes in enumerate(everyone) if yes)
+    return Plan(token, local, cross, pid)
 
 
 class Channel:
-    """Rank 0 -> rank r messages: a 7-int control message, then the bytes (shared memory or gloo)."""
+    """Rank 0 -> rank r messages: an 8-int control message, then the batch (see the module doc).
 
-    def __init__(self, group: Any, rank: int, token: str | None, local: set[int], pin: bool) -> None:
-        self.group, self.rank, self.pin = group, rank, pin
-        base = f"{_SHM_DIR}/accelerando-{token}"
-        self.writers = {r: _ShmWriter(f"{base}-{r}") for r in local} if rank == 0 and token else {}
-        self.reader = _ShmReader(f"{base}-{rank}") if rank in local and token else None
+    Both ends call `begin_pass` when a pass starts; rank 0 calls `end_pass` when it finishes one.
+    """
+
+    def __init__(self, group: Any, rank: int, plan: Plan, pin: bool) -> None:
+        self.group, self.rank, self.pin, self.pid = group, rank, pin, plan.pid
+        self.cross = plan.cross
+        base = f"{_SHM_DIR}/accelerando-{plan.token}"
+        token = plan.token
+        self.base = base if token else ""
+        self.writers = {r: _ShmWriter(f"{base}-{r}") for r in plan.local} if rank == 0 and token else {}
+        self.reader: _ShmReader | None = None
+        self.local = plan.local
         self.pending: deque[list[Any]] = deque()
+        self.pass_id = 0
+
+    def connect(self) -> None:
+        """Receivers open rank 0's files; call after every rank created its channel (a barrier)."""
+        if self.rank in self.local and self.base:
+            self.reader = _ShmReader(f"{self.base}-{self.rank}")
+
+    def begin_pass(self) -> None:
+        self.pass_id += 1
+
+    def reclaim(self) -> None:
+        """Rank 0, between batches: release the batches receivers have finished reading."""
+        for writer in self.writers.values():
+            writer.ring.reclaim()
+
+    def end_pass(self) -> None:
+        """Wait until every receiver has taken the pass's messages (a process may exit right after,
+        and a cross-memory receiver reads rank 0's own memory).
+
+        A pass left early skips this: the receivers drop what it had sent ahead as stale.
+        """
+        self.flush()
+        for writer in self.writers.values():
+            writer.wait_read()
 
     def send_round(self, messages: dict[int, Any]) -> None:
+        """Send one message per destination rank: a batch, or an `EndMsg`."""
         keep: list[Any] = []
         for dst, payload in messages.items():
             writer = self.writers.get(dst)
             if isinstance(payload, EndMsg):
-                end = [_END, 0, 0, payload.remainder, -1, 0, 0]
+                end = [_END, 0, 0, payload.remainder, -1, 0, 0, self.pass_id]
                 if writer is not None:
                     writer.control(end)
                 else:
                     ctrl = torch.tensor(end, dtype=torch.int64)
                     keep += [dist.isend(ctrl, dst, group=self.group), ctrl]
                 continue
+            if writer is not None and dst in self.cross:
+                header, tensors = pack_remote(payload)
+                seq, slot, gen, view = writer.slot(len(header))
+                view[: len(header)].numpy()[:] = memoryview(header)
+                writer.ring.held[slot] = tensors
+                writer.control([_REMOTE, len(header), len(header), -1, seq, slot, gen, self.pass_id])
+                continue
             packed = pack(payload)
             if writer is not None:
                 seq, slot, gen, view = writer.slot(packed.total)
                 packed.write(view)
-                writer.control([_BATCH, len(packed.header), packed.total, -1, seq, slot, gen])
+                writer.control([_BATCH, len(packed.header), packed.total, -1, seq, slot, gen, self.pass_id])
                 continue
             buf = torch.empty(packed.total, dtype=torch.uint8)
             packed.write(buf)
-            ctrl = torch.tensor([_BATCH, len(packed.header), packed.total, -1, -1, 0, 0], dtype=torch.int64)
+            info = [_BATCH, len(packed.header), packed.total, -1, -1, 0, 0, self.pass_id]
+            ctrl = torch.tensor(info, dtype=torch.int64)
             keep += [
                 dist.isend(ctrl, dst, group=self.group),
                 ctrl,
@@ -272,21 +413,38 @@ class Channel:
             _wait(self.pending.popleft())
 
     def recv(self) -> tuple[bool, Any]:
-        """(True, batch) or (False, remainder) when this rank's pass is over."""
-        if self.reader is not None:
-            kind, hlen, total, rem, seq, slot, gen = self.reader.control()
-        else:
-            ctrl = torch.empty(7, dtype=torch.int64)
-            dist.recv(ctrl, 0, group=self.group)
-            kind, hlen, total, rem, seq, slot, gen = (int(x) for x in ctrl.tolist())
-        if kind == _END:
-            return False, rem
-        if self.reader is not None:
-            buf = self.reader.read(seq, slot, gen, total)
-        else:
-            buf = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin)
-            dist.recv(buf, 0, group=self.group)
-        return True, decode(buf, hlen)
+        """(True, batch) or (False, remainder) when this rank's pass is over.
+
+        Messages left from an earlier, abandoned pass are read and dropped.
+        """
+        while True:
+            if self.reader is not None:
+                kind, hlen, total, rem, seq, slot, gen, pass_id = self.reader.control()
+            else:
+                ctrl = torch.empty(_CTRL.size // 8, dtype=torch.int64)
+                dist.recv(ctrl, 0, group=self.group)
+                kind, hlen, total, rem, seq, slot, gen, pass_id = (int(x) for x in ctrl.tolist())
+            stale = pass_id < self.pass_id
+            if kind == _END:
+                if stale:
+                    continue
+                return False, rem
+            if self.reader is None:
+                buf = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin and not stale)
+                dist.recv(buf, 0, group=self.group)
+                if stale:
+                    continue
+                return True, decode(buf, hlen)
+            if stale:
+                self.reader.release(seq)
+                continue
+            view = self.reader.view(slot, gen, total)
+            if kind == _REMOTE:
+                batch = unpack_remote(view[:hlen].numpy().tobytes(), self.pid, self.pin)
+            else:
+                batch = decode(view.clone(), hlen)
+            self.reader.release(seq)
+            return True, batch
 
 
 def _wait(items: list[Any]) -> None:

@@ -200,6 +200,81 @@ def check_nested_dispatch() -> None:
     assert sorted(sum(everyone(mine), [])) == list(range(11))
 
 
+class Ragged(Dataset):
+    """Sample i is i+1 copies of i: batches need padding to their longest sample."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((i + 1,), i)
+
+
+def pad_collate(samples: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence(samples, batch_first=True, padding_value=-1)
+
+
+def check_dispatch_collates_like_accelerate() -> None:
+    """Without split_batches each rank's batch is collated on its own (exactly the non-dispatch
+    batch, padding included); with split_batches the step's batch is collated once, then sliced."""
+    for split in (False, True):
+        b = 8 if split else 4
+        local = [
+            t.tolist()
+            for t in prep(DataLoader(Ragged(), batch_size=b, collate_fn=pad_collate), split_batches=split)
+        ]
+        disp = prep(
+            DataLoader(Ragged(), batch_size=b, collate_fn=pad_collate),
+            split_batches=split,
+            dispatch_batches=True,
+        )
+        got = [t.tolist() for t in disp]
+        if not split:
+            assert got == local, (got, local)
+        ranks = everyone(got)
+        if split:  # one step, one padded width on every rank
+            assert all(len(ranks[0][k][0]) == len(ranks[1][k][0]) for k in range(len(ranks[1])))
+        assert sorted(max(row) for batches in ranks for t in batches for row in t) == list(range(16))
+
+
+def check_dispatch_pass_left_early() -> None:
+    """A pass every rank leaves with `break` leaves nothing behind for the next pass, even when
+    rank 0 went further than the others (its extra batches are dropped as stale)."""
+    for split in (False, True):
+        loader = prep(DataLoader(Indexed(200), batch_size=2), dispatch_batches=True, split_batches=split)
+        whole = drain(loader)
+        for stop in (0, 1, 7, 5 if RANK == 0 else 2):
+            for k, _ in enumerate(loader):
+                if k == stop:
+                    break
+            again = drain(loader)
+            assert again == whole, (split, stop, again, whole)
+
+
+def check_every_transport_route() -> None:
+    """The same dispatch checks when rank 1 reads rank 0's memory (the default here), copies out of
+    the shared-memory ring, or receives over gloo (what a rank on another host does)."""
+    import accelerando.data.dispatch as dispatch_module
+    from accelerando.data.transport import Plan
+
+    real = dispatch_module.shared_memory_plan
+    assert real(dist.new_group(backend="gloo")).cross == {1}, "cross-memory reads work on this machine"
+    routes = {
+        "ring": lambda p: Plan(p.token, p.local, frozenset(), p.pid),
+        "gloo": lambda p: Plan(p.token, frozenset(), frozenset(), p.pid),
+    }
+    try:
+        for name, route in routes.items():
+            dispatch_module.shared_memory_plan = lambda group, route=route: route(real(group))
+            check_nested_dispatch()
+            check_dispatch_collates_like_accelerate()
+            check_dispatch_pass_left_early()
+            disp = prep(DataLoader(Stream(22), batch_size=4), split_batches=True)
+            assert everyone(drain(disp)) == reference(list(range(22)), 4, True, True, False), name
+    finally:
+        dispatch_module.shared_memory_plan = real
+
+
 def check_rng_untouched_and_skip() -> None:
     torch.manual_seed(5)
     before = torch.get_rng_state()
@@ -211,7 +286,8 @@ def check_rng_untouched_and_skip() -> None:
     for dispatch in (False, True):
         it = prep(DataLoader(Stream(30), batch_size=2), dispatch_batches=dispatch)
         whole = drain(it)
-        assert drain(skip_first_batches(it, 4)) == whole[4:]
+        rest = drain(skip_first_batches(it, 4))
+        assert rest == whole[4:], (dispatch, whole, rest)
 
 
 def check_gather_for_metrics() -> None:
@@ -314,6 +390,9 @@ def main() -> None:
     check_map_style()
     check_iterable()
     check_nested_dispatch()
+    check_dispatch_collates_like_accelerate()
+    check_dispatch_pass_left_early()
+    check_every_transport_route()
     check_rng_untouched_and_skip()
     save_states(out)
     check_gather_for_metrics()
