@@ -1,6 +1,6 @@
 """Iteration overhead of prepared data loaders, on 2 processes, in one run.
 
-    python benchmarks/dataloader.py [--samples 16384] [--batch-size 64] [--repeats 7]
+    python benchmarks/dataloader.py [--samples 16384] [--batch-size 64] [--repeats 7] [--sample-us 0]
 
 Runs itself under torchrun (gloo, CPU) and prints, for one epoch over the same dataset:
 plain `DataLoader` + `DistributedSampler` (the baseline), accelerando's prepared loader,
@@ -125,7 +125,7 @@ def _epoch_time(loader: Any) -> float:
 
 
 def bench_iteration(args: argparse.Namespace) -> list[tuple[str, float]]:
-    ds = Images(args.samples)
+    ds = Images(args.samples, args.sample_us)
     epoch = [0]
     factories = _factories(ds, args.batch_size, epoch)
     times: dict[str, list[float]] = {name: [] for name in factories}
@@ -183,6 +183,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16384)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--sample-us", type=float, default=0.0, help="busy work per sample (decoding)")
     args = parser.parse_args()
     if "LOCAL_RANK" not in os.environ:
         sys.exit(_launch(sys.argv[1:]))
@@ -200,7 +201,8 @@ def main() -> None:
     if dist.get_rank() == 0:
         base = rows[0][1]
         print(
-            f"\n2 processes (gloo, CPU), {args.samples} samples of 3x32x32, batch size {args.batch_size} per process"
+            f"\n2 processes (gloo, CPU), {args.samples} samples of 3x32x32 costing {args.sample_us:g} us each, "
+            f"batch size {args.batch_size} per process"
         )
         print(f"{'loader':45s} {'epoch (ms)':>11s} {'vs plain':>9s}")
         for name, t in rows:
