@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from accelerando.testing import run_distributed
@@ -15,3 +16,11 @@ def test_every_mode_and_exact_resume_in_fresh_processes(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("*.pt"))) == 20  # 5 modes x (plain, stateful) x 2 ranks
     second = run_distributed(SCRIPTS / "data_resume.py", args=[str(tmp_path)], timeout=240)
     assert "data resume passed (10 loaders per rank)" in second.stdout
+
+
+def test_dispatch_crash_on_rank0_ends_every_rank_with_its_error() -> None:
+    start = time.monotonic()
+    proc = run_distributed(SCRIPTS / "data_crash.py", expect_success=False, timeout=120)
+    assert time.monotonic() - start < 30
+    assert "sample 150 is corrupt on purpose" in proc.stderr
+    assert "[accelerando] rank 0 failed" in proc.stderr
