@@ -24,3 +24,15 @@ def test_dispatch_crash_on_rank0_ends_every_rank_with_its_error() -> None:
     assert time.monotonic() - start < 30
     assert "sample 150 is corrupt on purpose" in proc.stderr
     assert "[accelerando] rank 0 failed" in proc.stderr
+
+
+def _shm_files() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("accelerando-*")} if Path("/dev/shm").is_dir() else set()
+
+
+def test_dispatch_killed_rank_ends_the_job_and_leaves_no_shared_memory_files() -> None:
+    before = _shm_files()
+    start = time.monotonic()
+    run_distributed(SCRIPTS / "data_killed.py", expect_success=False, timeout=120)
+    assert time.monotonic() - start < 30
+    assert _shm_files() <= before

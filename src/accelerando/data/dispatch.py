@@ -348,6 +348,8 @@ def prepare_dispatcher(
     if group is not None:
         dist.barrier(group=group)  # rank 0's pipes and buffers exist before anyone opens them
         channel.connect()
+        dist.barrier(group=group)
+        channel.connected()
     kwargs = prep.loader_kwargs(dl)
     dataset: Any = dl.dataset
     if isinstance(dl.dataset, IterableDataset):

@@ -224,7 +224,15 @@ class _ShmWriter:
         self.fd = os.open(f"{base}-ctl", os.O_RDWR)
         self.views: list[torch.Tensor | None] = [None] * _SLOTS
         self.gens = [0] * _SLOTS
+        self.fresh: dict[str, int] = {}  # slot file -> first message using it; unlinked once read
         self._finalizer = weakref.finalize(self, _close, self.fd, self.paths, self.ring)
+
+    def forget(self, path: str) -> None:
+        """Unlink a file the receiver has opened: the mappings live on, and a killed job leaves
+        nothing in /dev/shm."""
+        if path in self.paths:
+            os.unlink(path)
+            self.paths.discard(path)
 
     def control(self, values: list[int]) -> None:
         os.write(self.fd, _CTRL.pack(*values))  # 64 bytes < PIPE_BUF: one atomic write
@@ -241,16 +249,18 @@ class _ShmWriter:
         while int(ring.ack[0]) < seq - _SLOTS + 1:
             time.sleep(_POLL_INTERVAL)
         ring.reclaim()
+        for path, first in list(self.fresh.items()):
+            if first < int(ring.ack[0]):  # the receiver read a message in it, so it has it mapped
+                self.forget(path)
+                del self.fresh[path]
         view = self.views[slot]
         if view is None or view.numel() < size:
-            old = f"{self.base}-{slot}-{self.gens[slot]}"
+            self.forget(f"{self.base}-{slot}-{self.gens[slot]}")
             self.gens[slot] += 1
             path = f"{self.base}-{slot}-{self.gens[slot]}"
             view = _create(path, max(size + size // 4, 1 << 16))
             self.paths.add(path)
-            if old in self.paths:
-                os.unlink(old)
-                self.paths.discard(old)
+            self.fresh[path] = seq
             self.views[slot] = view
         ring.seq += 1
         return seq, slot, self.gens[slot], view
@@ -349,6 +359,12 @@ class Channel:
         if self.rank in self.local and self.base:
             self.reader = _ShmReader(f"{self.base}-{self.rank}")
 
+    def connected(self) -> None:
+        """Rank 0, once every receiver has connected (a barrier): unlink the pipes and counters."""
+        for writer in self.writers.values():
+            writer.forget(f"{writer.base}-ack")
+            writer.forget(f"{writer.base}-ctl")
+
     def begin_pass(self) -> None:
         self.pass_id += 1
 
@@ -436,6 +452,7 @@ class Channel:
                     continue
                 return True, decode(buf, hlen)
             if stale:
+                self.reader.view(slot, gen, 0)  # map a new slot file now: rank 0 unlinks it once read
                 self.reader.release(seq)
                 continue
             view = self.reader.view(slot, gen, total)
