@@ -305,6 +305,19 @@ def check_gather_for_metrics() -> None:
         for batch in it:
             seen += acc.gather_for_metrics(batch).tolist()
         assert seen == list(range(n)), ("iterable", n, seen)
+        for split in (False, True):  # map-style data through dispatch_batches
+            disp = prepare_data_loader(
+                DataLoader(Indexed(n), batch_size=b * (1 + split)),
+                num_processes=WORLD,
+                process_index=RANK,
+                device=None,
+                config=Config(dispatch_batches=True, split_batches=split),
+                gradient_state=acc.gradient_state,
+            )
+            seen = []
+            for batch in disp:
+                seen += acc.gather_for_metrics(batch).tolist()
+            assert seen == list(range(n)), ("dispatch", split, n, seen)
     # nested structures and plain objects: still exactly the dataset's 101 samples
     loader = acc.prepare(DataLoader(Indexed(101), batch_size=8))
     rows, objects = [], []
