@@ -285,11 +285,14 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
             rounds = (self._cut(batch) for batch in inner)
         else:
             rounds = _group(inner, n)
+        end = EndMsg(-1)
         for pieces in rounds:
-            pieces = pieces + [None] * (n - len(pieces))
-            end = EndMsg(-1)
-            msgs = {r: (end if pieces[r] is None else pieces[r]) for r in range(1, n) if r not in ended}
-            ended.update(r for r, m in msgs.items() if m is end)
+            if len(pieces) == n and not ended and all(p is not None for p in pieces):
+                msgs = dict(zip(range(1, n), pieces[1:]))  # the usual round: a batch for everyone
+            else:
+                pieces = pieces + [None] * (n - len(pieces))
+                msgs = {r: (end if pieces[r] is None else pieces[r]) for r in range(1, n) if r not in ended}
+                ended.update(r for r, m in msgs.items() if m is end)
             if msgs:
                 self._channel.send_round(msgs)
             if pieces[0] is not None:

@@ -88,15 +88,23 @@ class Packed:
                 buf[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t)
 
 
-def _split(batch: Any) -> tuple[Any, list[torch.Tensor]]:
-    """(structure with tensors replaced by slots, the tensors in slot order)."""
+def _split(batch: Any) -> tuple[Any, list[torch.Tensor], Any]:
+    """(structure with tensors replaced by slots, the tensors in slot order, a key that names the
+    structure exactly when the batch is a tensor, or a tuple, list or dict of tensors; else None)."""
     tensors: list[torch.Tensor] = []
 
     def take(t: torch.Tensor) -> _Slot:
         tensors.append(t.detach())
         return _Slot(len(tensors) - 1)
 
-    return recursively_apply(take, batch), tensors
+    kind = type(batch)
+    if kind is torch.Tensor:
+        return take(batch), tensors, (kind,)
+    if kind in (tuple, list) and all(type(x) is torch.Tensor for x in batch):
+        return kind(take(x) for x in batch), tensors, (kind, len(batch))
+    if kind is dict and all(type(x) is torch.Tensor for x in batch.values()):
+        return {k: take(v) for k, v in batch.items()}, tensors, (kind, tuple(batch))
+    return recursively_apply(take, batch), tensors, None
 
 
 def _join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
@@ -105,27 +113,45 @@ def _join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
 
 def pack(batch: Any) -> Packed:
     """Plan the buffer for `batch`: its pickled skeleton and where each tensor's bytes go."""
-    skeleton, tensors = _split(batch)
+    skeleton, tensors, _ = _split(batch)
     metas = [(t.dtype, tuple(t.shape)) for t in tensors]
     header = pickle.dumps((skeleton, metas), protocol=pickle.HIGHEST_PROTOCOL)
     offsets, total = _layout(len(header), metas)
     return Packed(header, tensors, offsets, total)
 
 
-def pack_remote(batch: Any) -> tuple[bytes, list[torch.Tensor]]:
-    """(header naming each tensor's address in this process, the tensors to keep alive meanwhile)."""
-    skeleton, tensors = _split(batch)
-    tensors = [t.contiguous() if t.device.type == "cpu" else t.cpu().contiguous() for t in tensors]
-    metas = [(t.dtype, tuple(t.shape), t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
-    return pickle.dumps((skeleton, metas), protocol=pickle.HIGHEST_PROTOCOL), tensors
+class RemoteCodec:
+    """Describes batches by address for a cross-memory receiver, re-using the description of the
+    structure (pickled skeleton, dtypes, shapes) while it repeats, as it does batch after batch.
 
+    A message is that description followed by one (address, bytes) pair per tensor.
+    """
 
-def unpack_remote(header: bytes, pid: int, pin: bool) -> Any:
-    """Inverse of `pack_remote`, in the receiving process: copy each tensor out of process `pid`."""
-    skeleton, metas = pickle.loads(header)
-    tensors = [torch.empty(shape, dtype=dtype, pin_memory=pin) for dtype, shape, _, _ in metas]
-    cross_memory.read(pid, [(addr, n) for _, _, addr, n in metas], tensors)
-    return _join(skeleton, tensors)
+    def __init__(self) -> None:
+        self._key: Any = None
+        self._layout: Any = None
+        self._header = b""
+
+    def pack(self, batch: Any) -> tuple[bytes, bytes, list[torch.Tensor]]:
+        """(structure, addresses, the tensors to keep alive until the receiver has read them)."""
+        skeleton, tensors, key = _split(batch)
+        tensors = [t.contiguous() if t.is_cpu else t.cpu().contiguous() for t in tensors]
+        metas = [(t.dtype, t.shape) for t in tensors]
+        if key is None or (key, metas) != self._key:
+            self._key = None if key is None else (key, metas)
+            self._header = pickle.dumps((skeleton, metas), protocol=pickle.HIGHEST_PROTOCOL)
+        where = [v for t in tensors for v in (t.data_ptr(), t.numel() * t.element_size())]
+        return self._header, struct.pack(f"<{len(where)}q", *where), tensors
+
+    def unpack(self, header: bytes, where: bytes, pid: int, pin: bool) -> Any:
+        """In the receiving process: copy each tensor out of process `pid`."""
+        if header != self._header:
+            self._header, self._layout = header, pickle.loads(header)
+        skeleton, metas = self._layout
+        tensors = [torch.empty(shape, dtype=dtype, pin_memory=pin) for dtype, shape in metas]
+        pairs = struct.unpack(f"<{len(where) // 8}q", where)
+        cross_memory.read(pid, list(zip(pairs[::2], pairs[1::2])), tensors)
+        return _join(skeleton, tensors)
 
 
 def encode(batch: Any) -> tuple[torch.Tensor, int]:
@@ -223,6 +249,7 @@ class _ShmWriter:
         self.paths.add(f"{base}-ctl")
         self.fd = os.open(f"{base}-ctl", os.O_RDWR)
         self.views: list[torch.Tensor | None] = [None] * _SLOTS
+        self.arrays: list[Any] = [None] * _SLOTS  # the same buffers as numpy arrays (cheap writes)
         self.gens = [0] * _SLOTS
         self.fresh: dict[str, int] = {}  # slot file -> first message using it; unlinked once read
         self._finalizer = weakref.finalize(self, _close, self.fd, self.paths, self.ring)
@@ -249,12 +276,12 @@ class _ShmWriter:
         while int(ring.ack[0]) < seq - _SLOTS + 1:
             time.sleep(_POLL_INTERVAL)
         ring.reclaim()
-        for path, first in list(self.fresh.items()):
+        for path, first in list(self.fresh.items()) if self.fresh else ():
             if first < int(ring.ack[0]):  # the receiver read a message in it, so it has it mapped
                 self.forget(path)
                 del self.fresh[path]
         view = self.views[slot]
-        if view is None or view.numel() < size:
+        if view is None or self.arrays[slot].size < size:
             self.forget(f"{self.base}-{slot}-{self.gens[slot]}")
             self.gens[slot] += 1
             path = f"{self.base}-{slot}-{self.gens[slot]}"
@@ -262,6 +289,7 @@ class _ShmWriter:
             self.paths.add(path)
             self.fresh[path] = seq
             self.views[slot] = view
+            self.arrays[slot] = view.numpy()
         ring.seq += 1
         return seq, slot, self.gens[slot], view
 
@@ -353,6 +381,7 @@ class Channel:
         self.local = plan.local
         self.pending: deque[list[Any]] = deque()
         self.pass_id = 0
+        self.codec = RemoteCodec()
 
     def connect(self) -> None:
         """Receivers open rank 0's files; call after every rank created its channel (a barrier)."""
@@ -397,11 +426,12 @@ class Channel:
                     keep += [dist.isend(ctrl, dst, group=self.group), ctrl]
                 continue
             if writer is not None and dst in self.cross:
-                header, tensors = pack_remote(payload)
-                seq, slot, gen, view = writer.slot(len(header))
-                view[: len(header)].numpy()[:] = memoryview(header)
+                header, where, tensors = self.codec.pack(payload)
+                total = len(header) + len(where)
+                seq, slot, gen, view = writer.slot(total)
+                writer.arrays[slot][:total] = memoryview(header + where)
                 writer.ring.held[slot] = tensors
-                writer.control([_REMOTE, len(header), len(header), -1, seq, slot, gen, self.pass_id])
+                writer.control([_REMOTE, len(header), total, -1, seq, slot, gen, self.pass_id])
                 continue
             packed = pack(payload)
             if writer is not None:
@@ -457,7 +487,8 @@ class Channel:
                 continue
             view = self.reader.view(slot, gen, total)
             if kind == _REMOTE:
-                batch = unpack_remote(view[:hlen].numpy().tobytes(), self.pid, self.pin)
+                raw = view.numpy()
+                batch = self.codec.unpack(raw[:hlen].tobytes(), raw[hlen:total].tobytes(), self.pid, self.pin)
             else:
                 batch = decode(view.clone(), hlen)
             self.reader.release(seq)
