@@ -280,11 +280,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
     def _produce(self, inner: Iterator[Any], global_mode: bool) -> Iterator[Any]:
         ended: set[int] = set()
         n = self._world
-        rounds: Iterator[list[Any]]
-        if global_mode:
-            rounds = (self._cut(batch) for batch in inner)
-        else:
-            rounds = _group(inner, n)
+        rounds = _cut_each(inner, self._cut) if global_mode else _group(inner, n)
         end = EndMsg(-1)
         for pieces in rounds:
             if len(pieces) == n and not ended and all(p is not None for p in pieces):
@@ -295,8 +291,13 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
                 ended.update(r for r, m in msgs.items() if m is end)
             if msgs:
                 self._channel.send_round(msgs)
-            if pieces[0] is not None:
-                yield pieces[0]
+            mine = pieces[0]
+            # Hold no other rank's batch while the next round loads: the channel keeps it exactly
+            # as long as its receiver needs it, and the loader can then reuse that memory.
+            del pieces, msgs
+            if mine is not None:
+                yield mine
+            del mine
             self._channel.reclaim()
         final = EndMsg(self._final_remainder())
         last = {r: final for r in range(1, n) if r not in ended}
@@ -306,14 +307,25 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
 
 
 def _group(inner: Iterator[Any], n: int) -> Iterator[list[Any]]:
+    """Batches in rounds of `n` (the last may be short), keeping no reference between rounds."""
     round_: list[Any] = []
     for batch in inner:
         round_.append(batch)
+        del batch
         if len(round_) == n:
             yield round_
             round_ = []
     if round_:
         yield round_
+
+
+def _cut_each(inner: Iterator[Any], cut: Callable[[Any], list[Any]]) -> Iterator[list[Any]]:
+    """Each global batch cut into the ranks' pieces, keeping no reference between batches."""
+    for batch in inner:
+        pieces = cut(batch)
+        del batch
+        yield pieces
+        del pieces
 
 
 if StatefulDataLoader is not None:
