@@ -251,6 +251,18 @@ def check_dispatch_pass_left_early() -> None:
             assert again == whole, (split, stop, again, whole)
 
 
+def check_dispatch_with_workers() -> None:
+    """Rank 0's batches come from worker processes (shared memory): ranks still get exactly the
+    batches they would load themselves."""
+    for split in (False, True):
+
+        def loader(**cfg):
+            dl = DataLoader(Indexed(37), batch_size=4, shuffle=True, num_workers=1)
+            return prep(dl, split_batches=split, data_seed=3, **cfg)
+
+        assert drain(loader(dispatch_batches=True)) == drain(loader()), split
+
+
 def check_every_transport_route() -> None:
     """The same dispatch checks when rank 1 reads rank 0's memory (the default here), copies out of
     the shared-memory ring, or receives over gloo (what a rank on another host does)."""
@@ -406,6 +418,7 @@ def main() -> None:
     check_dispatch_collates_like_accelerate()
     check_dispatch_pass_left_early()
     check_every_transport_route()
+    check_dispatch_with_workers()
     check_rng_untouched_and_skip()
     save_states(out)
     check_gather_for_metrics()
