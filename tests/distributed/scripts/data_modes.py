@@ -256,7 +256,7 @@ def check_dispatch_with_workers() -> None:
     batches they would load themselves."""
     for split in (False, True):
 
-        def loader(**cfg):
+        def loader(split: bool = split, **cfg):
             dl = DataLoader(Indexed(37), batch_size=4, shuffle=True, num_workers=1)
             return prep(dl, split_batches=split, data_seed=3, **cfg)
 

@@ -8,9 +8,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from accelerando.config.options import DataLoaderConfiguration as Config
+from accelerando.data.batch_codec import decode, encode
 from accelerando.data.dispatch import batch_length, slice_batch
 from accelerando.data.prepare import prepare_data_loader
-from accelerando.data.transport import decode, encode
 
 Pair = namedtuple("Pair", "a b")
 
