@@ -53,3 +53,39 @@ def test_dispatch_on_one_process_is_the_plain_loader() -> None:
         gradient_state=None,
     )
     assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6]] and len(loader) == 3
+
+
+def test_remote_codec_roundtrip_through_this_process_memory() -> None:
+    """What a cross-memory receiver rebuilds, read back from our own address space."""
+    import os
+
+    from accelerando.data.batch_codec import RemoteCodec
+
+    batch = {
+        "x": torch.randn(3, 4)[:, ::2],  # not contiguous: sent from a contiguous copy kept alive
+        "half": torch.ones(3, dtype=torch.bfloat16),
+        "scalar": torch.tensor(7),
+        "empty": torch.empty(0, 5),
+        "names": ["a", "b", "c"],
+        "pair": Pair(torch.arange(3), 1.5),
+    }
+    sender, receiver = RemoteCodec(), RemoteCodec()
+    for step in range(2):  # twice: what either side caches must not go stale
+        batch["scalar"] = torch.tensor(step)
+        header, where, keep = sender.pack(batch)
+        out = receiver.unpack(header, where, os.getpid(), pin=False)
+        assert out.keys() == batch.keys() and out["names"] == ["a", "b", "c"]
+        assert isinstance(out["pair"], Pair) and out["pair"].b == 1.5
+        for key in ("x", "half", "scalar", "empty"):
+            assert out[key].dtype == batch[key].dtype and torch.equal(out[key], batch[key])
+        assert torch.equal(out["pair"].a, torch.arange(3)) and len(keep) == 5
+
+
+def test_remote_codec_reuses_a_description_only_for_the_same_structure() -> None:
+    from accelerando.data.batch_codec import RemoteCodec
+
+    codec = RemoteCodec()
+    first, _, _ = codec.pack((torch.zeros(2), torch.ones(3)))
+    assert codec.pack((torch.zeros(2), torch.ones(3)))[0] is first
+    assert codec.pack((torch.zeros(3), torch.ones(3)))[0] != first  # shapes changed
+    assert codec.pack([torch.zeros(3), torch.ones(3)])[0] != first  # container changed
