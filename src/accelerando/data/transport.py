@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelerando.config import env
 from accelerando.data import cross_memory
 from accelerando.data.batch_codec import RemoteCodec, decode, pack
 from accelerando.data.shm_ring import CTRL, SHM_DIR, SLOTS, ShmReader, ShmWriter
@@ -59,12 +60,19 @@ def shared_memory_plan(group: Any) -> Plan:
     host, ok = everyone[0]
     local = frozenset(r for r, (h, can) in enumerate(everyone) if r and ok and can and h == host)
     probe = torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
-    if rank == 0:
+    allowed = bool(local) and env.flag("DISPATCH_CROSS_MEMORY", default=True)
+    if rank == 0 and allowed:
         cross_memory.allow_readers()
-    offer: list[Any] = [uuid.uuid4().hex[:16], os.getpid(), probe.data_ptr(), probe.numpy().tobytes()]
+    offer: list[Any] = [
+        uuid.uuid4().hex[:16],
+        os.getpid(),
+        probe.data_ptr(),
+        probe.numpy().tobytes(),
+        allowed,
+    ]
     dist.broadcast_object_list(offer, src=0, group=group)
-    token, pid, address, expected = offer
-    can_read = rank in local and cross_memory.probe(pid, address, expected)
+    token, pid, address, expected, allowed = offer
+    can_read = allowed and rank in local and cross_memory.probe(pid, address, expected)
     dist.all_gather_object(everyone, can_read, group=group)
     cross = frozenset(r for r, yes in enumerate(everyone) if yes)
     return Plan(token, local, cross, pid)

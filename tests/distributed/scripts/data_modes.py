@@ -269,8 +269,12 @@ def check_every_transport_route() -> None:
     import accelerando.data.dispatch as dispatch_module
     from accelerando.data.transport import Plan
 
+    from accelerando.utils import patch_environment
+
     real = dispatch_module.shared_memory_plan
     assert real(dist.new_group(backend="gloo")).cross == {1}, "cross-memory reads work on this machine"
+    with patch_environment(ACCELERANDO_DISPATCH_CROSS_MEMORY="0"):  # the opt-out
+        assert real(dist.new_group(backend="gloo")).cross == frozenset()
     routes = {
         "ring": lambda p: Plan(p.token, p.local, frozenset(), p.pid),
         "gloo": lambda p: Plan(p.token, frozenset(), frozenset(), p.pid),
