@@ -268,7 +268,6 @@ def check_every_transport_route() -> None:
     the shared-memory ring, or receives over gloo (what a rank on another host does)."""
     import accelerando.data.dispatch as dispatch_module
     from accelerando.data.transport import Plan
-
     from accelerando.utils import patch_environment
 
     real = dispatch_module.shared_memory_plan
