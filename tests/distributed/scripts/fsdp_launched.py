@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -22,4 +23,5 @@ report = {
     "units": len(acc.strategy.plans[0].modules),
     "sharded": all(isinstance(p, DTensor) for p in model.parameters()),
 }
-print("RESULT " + json.dumps(report))
+sys.stdout.write("RESULT " + json.dumps(report) + "\n")  # one write: ranks' lines never interleave
+sys.stdout.flush()
