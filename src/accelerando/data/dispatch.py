@@ -1,7 +1,7 @@
 """`dispatch_batches=True`: rank 0 reads the data and sends each rank only its own piece.
 
-Rank 0 loads every rank's batch and sends it (`transport`: shared memory on the same host, a
-dedicated gloo group otherwise) from a background thread, so it is already loading the next one.
+Rank 0 loads every rank's batch and hands it to `transport` (receivers on its host copy it out of
+rank 0's memory; others get it over a dedicated gloo group), a few batches ahead of each receiver.
 Ranks get exactly the batches the non-dispatch sharding gives them (`sharding`), including a short
 or missing final batch. As in Accelerate, with `split_batches=True` rank 0 collates the whole
 step's batch once and slices it (`slice_fn_for_dispatch`); otherwise it collates each rank's batch

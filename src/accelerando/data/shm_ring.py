@@ -95,7 +95,7 @@ class ShmWriter:
         self.paths.add(f"{base}-ack")
         ack[0] = 0
         self.ring = _Ring(ack)
-        os.mkfifo(f"{base}-ctl")  # the receiver sleeps in read() until a control message arrives
+        os.mkfifo(f"{base}-ctl")  # control messages, in order, one atomic write each
         self.paths.add(f"{base}-ctl")
         self.fd = os.open(f"{base}-ctl", os.O_RDWR)
         self.views: list[torch.Tensor | None] = [None] * SLOTS
