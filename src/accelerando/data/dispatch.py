@@ -24,7 +24,7 @@ from accelerando.config.options import DataLoaderConfiguration
 from accelerando.data import sharding as sh
 from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard
-from accelerando.data.transport import Channel, EndMsg, Plan, shared_memory_plan
+from accelerando.data.transport import Channel, EndMsg, open_channel
 
 
 def batch_length(batch: Any) -> int:
@@ -356,18 +356,11 @@ def prepare_dispatcher(
         raise ValueError(
             "dispatch_batches=True with several processes needs torch.distributed initialized first"
         )
-    group = dist.new_group(backend="gloo") if num_processes > 1 else None
-    plan = shared_memory_plan(group) if group is not None else Plan()
     pin = bool(dl.pin_memory) and torch.cuda.is_available()
-    channel = Channel(group, process_index, plan, pin)
-    if group is not None:
-        dist.barrier(group=group)  # rank 0's pipes and buffers exist before anyone opens them
-        channel.connect()
-        dist.barrier(group=group)
-        channel.connected()
-    kwargs = prep.loader_kwargs(dl)
+    channel = open_channel(num_processes, process_index, pin)
     dataset: Any = dl.dataset
     if isinstance(dl.dataset, IterableDataset):
+        kwargs = prep.loader_kwargs(dl)
         if dl.batch_size is None:
             raise ValueError("dispatch_batches=True needs a batch_size for an IterableDataset (got None)")
         spec = sh.ShardSpec(
@@ -383,15 +376,9 @@ def prepare_dispatcher(
         kwargs.update(batch_size=spec.global_size if spec.split_batches else spec.per_rank, drop_last=False)
         seed = prep.resolve_seed(config, dl, num_processes, False)
     else:
-        batch_sampler, as_sampler = prep._source_batch_sampler(dl)
-        seed = prep.resolve_seed(
-            config, dl, num_processes, prep._is_random(getattr(batch_sampler, "sampler", None))
+        shard, seed, kwargs = prep.shard_batch_sampler(
+            dl, num_processes, process_index, config, DispatchBatchSampler
         )
-        batch_sampler = prep.with_seedable_sampler(batch_sampler, seed)
-        shard = DispatchBatchSampler(
-            batch_sampler, num_processes, process_index, config.split_batches, config.even_batches
-        )
-        kwargs.update({"sampler": shard, "batch_size": None} if as_sampler else {"batch_sampler": shard})
     spec = shard.spec
     return DataLoaderDispatcher(
         dataset,

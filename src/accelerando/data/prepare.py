@@ -115,6 +115,25 @@ def _source_batch_sampler(dl: DataLoader) -> tuple[Any, bool]:
     )
 
 
+def shard_batch_sampler(
+    dl: DataLoader,
+    num_processes: int,
+    process_index: int,
+    config: DataLoaderConfiguration,
+    shard_type: type[BatchSamplerShard],
+) -> tuple[Any, int, dict[str, Any]]:
+    """(the map-style loader's batch sampler wrapped in `shard_type`, the shuffle seed, the
+    DataLoader arguments that use it in place of the original sampler or batch sampler)."""
+    batch_sampler, as_sampler = _source_batch_sampler(dl)
+    shuffles = _is_random(getattr(batch_sampler, "sampler", None))
+    seed = resolve_seed(config, dl, num_processes, shuffles)
+    batch_sampler = with_seedable_sampler(batch_sampler, seed)
+    shard = shard_type(batch_sampler, num_processes, process_index, config.split_batches, config.even_batches)
+    kwargs = loader_kwargs(dl)
+    kwargs.update({"sampler": shard, "batch_size": None} if as_sampler else {"batch_sampler": shard})
+    return shard, seed, kwargs
+
+
 def prepare_map_style(
     dl: DataLoader,
     num_processes: int,
@@ -124,18 +143,7 @@ def prepare_map_style(
     gradient_state: Any,
     put_on_device: bool = True,
 ) -> DataLoaderShard:
-    batch_sampler, as_sampler = _source_batch_sampler(dl)
-    shuffles = _is_random(getattr(batch_sampler, "sampler", None))
-    seed = resolve_seed(config, dl, num_processes, shuffles)
-    batch_sampler = with_seedable_sampler(batch_sampler, seed)
-    shard = BatchSamplerShard(
-        batch_sampler, num_processes, process_index, config.split_batches, config.even_batches
-    )
-    kwargs = loader_kwargs(dl)
-    if as_sampler:
-        kwargs.update(sampler=shard, batch_size=None)
-    else:
-        kwargs["batch_sampler"] = shard
+    shard, seed, kwargs = shard_batch_sampler(dl, num_processes, process_index, config, BatchSamplerShard)
     return DataLoaderShard(
         dl.dataset,
         shard=shard,

@@ -97,13 +97,13 @@ class Channel:
         self.pass_id = 0
         self.codec = RemoteCodec()
 
-    def connect(self) -> None:
-        """Receivers open rank 0's files; call after every rank created its channel (a barrier)."""
+    def _connect(self) -> None:
+        """Receivers open rank 0's files (they exist: every rank has created its channel)."""
         if self.rank in self.local and self.base:
             self.reader = ShmReader(f"{self.base}-{self.rank}")
 
-    def connected(self) -> None:
-        """Rank 0, once every receiver has connected (a barrier): unlink the pipes and counters."""
+    def _connected(self) -> None:
+        """Rank 0, once every receiver has connected: unlink the pipes and counters."""
         for writer in self.writers.values():
             writer.forget(f"{writer.base}-ack")
             writer.forget(f"{writer.base}-ctl")
@@ -213,3 +213,16 @@ def _wait(items: list[Any]) -> None:
     for item in items:
         if not isinstance(item, torch.Tensor):
             item.wait()
+
+
+def open_channel(num_processes: int, rank: int, pin: bool) -> Channel:
+    """Every rank's end of a new channel; collective (it creates a gloo group for the transfers)."""
+    if num_processes == 1:
+        return Channel(None, rank, Plan(), pin)
+    group = dist.new_group(backend="gloo")
+    channel = Channel(group, rank, shared_memory_plan(group), pin)
+    dist.barrier(group=group)  # rank 0's pipes and buffers exist before anyone opens them
+    channel._connect()
+    dist.barrier(group=group)  # every receiver has them open: rank 0 may unlink them
+    channel._connected()
+    return channel

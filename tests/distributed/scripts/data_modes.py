@@ -266,11 +266,11 @@ def check_dispatch_with_workers() -> None:
 def check_every_transport_route() -> None:
     """The same dispatch checks when rank 1 reads rank 0's memory (the default here), copies out of
     the shared-memory ring, or receives over gloo (what a rank on another host does)."""
-    import accelerando.data.dispatch as dispatch_module
+    import accelerando.data.transport as transport_module
     from accelerando.data.transport import Plan
     from accelerando.utils import patch_environment
 
-    real = dispatch_module.shared_memory_plan
+    real = transport_module.shared_memory_plan
     assert real(dist.new_group(backend="gloo")).cross == {1}, "cross-memory reads work on this machine"
     with patch_environment(ACCELERANDO_DISPATCH_CROSS_MEMORY="0"):  # the opt-out
         assert real(dist.new_group(backend="gloo")).cross == frozenset()
@@ -280,14 +280,14 @@ def check_every_transport_route() -> None:
     }
     try:
         for name, route in routes.items():
-            dispatch_module.shared_memory_plan = lambda group, route=route: route(real(group))
+            transport_module.shared_memory_plan = lambda group, route=route: route(real(group))
             check_nested_dispatch()
             check_dispatch_collates_like_accelerate()
             check_dispatch_pass_left_early()
             disp = prep(DataLoader(Stream(22), batch_size=4), split_batches=True)
             assert everyone(drain(disp)) == reference(list(range(22)), 4, True, True, False), name
     finally:
-        dispatch_module.shared_memory_plan = real
+        transport_module.shared_memory_plan = real
 
 
 def check_rng_untouched_and_skip() -> None:
