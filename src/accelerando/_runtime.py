@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -116,20 +117,47 @@ def _teardown_at_exit() -> None:
     """Destroy our process group before interpreter shutdown; gloo aborts the process otherwise.
 
     On gloo the ranks first meet at a bounded barrier, so no rank closes its connections while a
-    peer is still finishing its last collective (that too aborts the peer). A rank that is exiting
-    because of an uncaught error skips the barrier: its peers are being stopped by the launcher.
+    peer is still finishing its last collective (that too aborts the peer), and meet again through
+    the store once every rank has destroyed its group, so no rank exits, closing its sockets, while
+    a peer is still tearing down (about one exit in thirty aborted without this). A rank that is
+    exiting because of an uncaught error skips both: its peers are being stopped by the launcher.
     """
     runtime = _RUNTIME
     if runtime is None or not runtime.owns_process_group or not dist.is_initialized():
         return
+    meet = not _FAILED and runtime.backend == "gloo" and dist.get_world_size() > 1
+    store = _default_store() if meet else None
+    world = dist.get_world_size()
     try:
-        if not _FAILED and runtime.backend == "gloo":
+        if meet:
             dist.monitored_barrier(timeout=timedelta(seconds=30))
     except Exception:  # noqa: BLE001 - a peer already left; tear down anyway
-        pass
+        store = None
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - exiting anyway; never turn a clean exit into a crash
+        pass
+    if store is not None:
+        _wait_for_everyone(store, world, timeout=10.0)
+
+
+def _default_store() -> Any:
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - without it the exit is only less safe
+        return None
+
+
+def _wait_for_everyone(store: Any, world: int, timeout: float) -> None:
+    """Count this rank in under one key and wait (bounded) until every rank has."""
+    key = "accelerando/destroyed"
+    try:
+        deadline = time.monotonic() + timeout
+        count = store.add(key, 1)
+        while count < world and time.monotonic() < deadline:
+            time.sleep(0.005)
+            count = store.add(key, 0)
+    except Exception:  # noqa: BLE001 - a peer's store went away: it has exited already
         pass
 
 
