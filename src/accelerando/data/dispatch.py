@@ -11,7 +11,6 @@ of different lengths need no concatenation).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from itertools import zip_longest
 from typing import Any
@@ -187,10 +186,11 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         use_stateful_dataloader: bool = False,
         **kwargs: Any,
     ) -> None:
-        self._ctor = (
-            (dataset, device),
+        self._build(
+            dataset,
+            device,
+            kwargs,
             dict(
-                kwargs,
                 shard=shard,
                 channel=channel,
                 slice_fn=slice_fn,
@@ -205,26 +205,10 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
                 use_stateful_dataloader=use_stateful_dataloader,
             ),
         )
-        self._worker_generator = torch.Generator()
-        kwargs["generator"] = self._worker_generator
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*set_vital.*")
-            super().__init__(dataset, **kwargs)
-        self._shard = shard
         self._world = world_size
         self._slice_fn = slice_fn
         self._channel = channel
         self._remote_remainder = -1
-        self._setup(
-            progress=progress,
-            rank=rank,
-            device=device,
-            put_on_device=put_on_device,
-            non_blocking=non_blocking,
-            gradient_state=gradient_state,
-            total_batch_size=total_batch_size,
-            total_dataset_length=total_dataset_length,
-        )
 
     even_batches = DataLoaderShard.even_batches
 

@@ -89,26 +89,26 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             cls = cls._stateful_twin
         return object.__new__(cls)
 
-    def _setup(
-        self,
-        *,
-        progress: Progress,
-        rank: int,
-        device: torch.device | None,
-        put_on_device: bool,
-        non_blocking: bool,
-        gradient_state: Any,
-        total_batch_size: int | None,
-        total_dataset_length: int | None,
+    def _build(
+        self, dataset: Any, device: torch.device | None, kwargs: dict[str, Any], own: dict[str, Any]
     ) -> None:
-        self._progress = progress
-        self._rank = rank
+        """Build torch's DataLoader from `kwargs` and this class's state from `own` (its keyword
+        arguments); both are kept so that `skip_first_batches` can build a twin."""
+        self._ctor = ((dataset, device), dict(kwargs, **own))
+        self._worker_generator = torch.Generator()
+        kwargs = dict(kwargs, generator=self._worker_generator)
+        with warnings.catch_warnings():  # torchdata 0.11 warns about its own deprecated call
+            warnings.filterwarnings("ignore", message=".*set_vital.*")
+            super().__init__(dataset, **kwargs)  # type: ignore[call-arg]
+        self._shard = own["shard"]
+        self._progress = own["progress"]
+        self._rank = own["rank"]
         self.device = device
-        self._move = bool(put_on_device and device is not None and torch.device(device).type != "cpu")
-        self._non_blocking = non_blocking
-        self.gradient_state = gradient_state
-        self._total_batch_size = total_batch_size
-        self._total_dataset_length = total_dataset_length
+        self._move = bool(own["put_on_device"] and device is not None and torch.device(device).type != "cpu")
+        self._non_blocking = own["non_blocking"]
+        self.gradient_state = own["gradient_state"]
+        self._total_batch_size = own["total_batch_size"]
+        self._total_dataset_length = own["total_dataset_length"]
         self._stateful = StatefulDataLoader is not None and isinstance(self, StatefulDataLoader)
         self.reset()
 
@@ -289,10 +289,11 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
         use_stateful_dataloader: bool = False,
         **kwargs: Any,
     ) -> None:
-        self._ctor = (
-            (dataset, device),
+        self._build(
+            dataset,
+            device,
+            kwargs,
             dict(
-                kwargs,
                 shard=shard,
                 progress=progress,
                 rank=rank,
@@ -303,22 +304,6 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
                 total_dataset_length=total_dataset_length,
                 use_stateful_dataloader=use_stateful_dataloader,
             ),
-        )
-        self._worker_generator = torch.Generator()
-        kwargs["generator"] = self._worker_generator
-        with warnings.catch_warnings():  # torchdata 0.11 warns about its own deprecated call
-            warnings.filterwarnings("ignore", message=".*set_vital.*")
-            super().__init__(dataset, **kwargs)
-        self._shard = shard
-        self._setup(
-            progress=progress,
-            rank=rank,
-            device=device,
-            put_on_device=put_on_device,
-            non_blocking=non_blocking,
-            gradient_state=gradient_state,
-            total_batch_size=total_batch_size,
-            total_dataset_length=total_dataset_length,
         )
 
     @property
