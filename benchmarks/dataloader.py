@@ -6,7 +6,8 @@ Runs itself under torchrun (gloo, CPU) and prints, for one epoch over the same d
 plain `DataLoader` + `DistributedSampler` (the baseline), accelerando's prepared loader,
 accelerando with `dispatch_batches=True`, the floor of any dispatcher (rank 0 reading every rank's
 batches and sending nothing), and the same two through Hugging Face Accelerate when it is
-importable. Times are the slowest rank's, median over interleaved repeats. Then what
+importable. Times are the slowest rank's, median over interleaved repeats; each ratio is the
+median over repeats of the loader's time against the plain loader's in the same repeat. Then what
 `skip_first_batches` adds to the time to the first batch when it jumps to batch 2,000, with cheap
 and with expensive samples (it must not grow with the cost of a sample).
 """
@@ -124,7 +125,12 @@ def _epoch_time(loader: Any) -> float:
     return _slowest(time.perf_counter() - start)
 
 
-def bench_iteration(args: argparse.Namespace) -> list[tuple[str, float]]:
+def bench_iteration(args: argparse.Namespace) -> list[tuple[str, float, float]]:
+    """(loader, median epoch time, median over repeats of its time / plain's time in that repeat).
+
+    The ratio pairs each loader with the baseline of the same repeat: this machine's speed drifts
+    between repeats by more than the overheads measured.
+    """
     ds = Images(args.samples, args.sample_us)
     epoch = [0]
     factories = _factories(ds, args.batch_size, epoch)
@@ -136,7 +142,11 @@ def bench_iteration(args: argparse.Namespace) -> list[tuple[str, float]]:
             elapsed = _epoch_time(loader)
             if rep:  # the first round warms caches and allocators
                 times[name].append(elapsed)
-    return [(name, statistics.median(ts)) for name, ts in times.items()]
+    base = next(iter(times.values()))
+    return [
+        (name, statistics.median(ts), statistics.median(t / b for t, b in zip(ts, base)))
+        for name, ts in times.items()
+    ]
 
 
 def _time_to_batch(make: Callable[[], Any], skip: int) -> float:
@@ -199,14 +209,13 @@ def main() -> None:
     rows = bench_iteration(args)
     skips = bench_skip(args)
     if dist.get_rank() == 0:
-        base = rows[0][1]
         print(
             f"\n2 processes (gloo, CPU), {args.samples} samples of 3x32x32 costing {args.sample_us:g} us each, "
             f"batch size {args.batch_size} per process"
         )
         print(f"{'loader':45s} {'epoch (ms)':>11s} {'vs plain':>9s}")
-        for name, t in rows:
-            print(f"{name:45s} {t * 1e3:11.1f} {t / base:8.2f}x")
+        for name, t, ratio in rows:
+            print(f"{name:45s} {t * 1e3:11.1f} {ratio:8.2f}x")
         for name, t in skips:
             print(f"{name:60s} {t * 1e3:8.1f} ms")
     dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """`dispatch_batches=True`: rank 0 reads the data and sends each rank only its own piece.
 
 Rank 0 loads every rank's batch and hands it to `transport` (receivers on its host copy it out of
-rank 0's memory; others get it over a dedicated gloo group), a few batches ahead of each receiver.
+rank 0's memory; others get it over gloo), a few batches ahead of each receiver.
 Ranks get exactly the batches the non-dispatch sharding gives them (`sharding`), including a short
 or missing final batch. As in Accelerate, with `split_batches=True` rank 0 collates the whole
 step's batch once and slices it (`slice_fn_for_dispatch`); otherwise it collates each rank's batch
@@ -333,7 +333,7 @@ def prepare_dispatcher(
     put_on_device: bool = True,
     slice_fn: Callable[..., Any] | None = None,
 ) -> DataLoaderDispatcher:
-    """Build the dispatcher; every rank must call it (it creates a gloo group for the transfers)."""
+    """Build the dispatcher; every rank must call it (the first dispatcher may create the gloo group for the transfers)."""
     from accelerando.data import prepare as prep
 
     if num_processes > 1 and not (dist.is_available() and dist.is_initialized()):

@@ -1,5 +1,5 @@
 """A ring of shared-memory buffers from rank 0 to one receiver on its host, with a named pipe
-for the control messages and a shared counter of the messages the receiver has consumed.
+for the control messages and two shared counters: messages sent, and messages consumed.
 
 Rank 0 runs at most `SLOTS` messages ahead; a slot (and the tensors a cross-memory message pointed
 at) is released only once read. Files are unlinked as soon as the receiver has them open, so a
@@ -22,6 +22,7 @@ SLOTS = 4  # buffers rank 0 may fill ahead of a receiver
 SHM_DIR = "/dev/shm"
 CTRL = struct.Struct("<8q")  # kind, header, total, remainder, seq, slot, generation, pass
 _POLL_INTERVAL, _POLL_SECONDS = 20e-6, 5e-3  # a waiting receiver polls this long before it blocks
+_CONSUMED, _SENT = 0, 1  # the shared counters
 
 
 def _map(path: str, size: int) -> torch.Tensor:
@@ -48,17 +49,17 @@ class _Ring:
     """What a receiver may still read: `held[slot]` stays alive until `ack` (messages the receiver
     has consumed) reaches `seq` (messages sent)."""
 
-    ack: Any  # a one-int numpy view of the shared counter (reads in 0.1 us, a tensor's in 1 us)
+    ack: Any  # a numpy view of the shared counters (reads in 0.1 us, a tensor's in 1 us)
     seq: int = 0
     freed: int = 0
     held: list[list[torch.Tensor]] = field(default_factory=lambda: [[] for _ in range(SLOTS)])
 
     def unread(self) -> bool:
-        return int(self.ack[0]) < self.seq
+        return int(self.ack[_CONSUMED]) < self.seq
 
     def reclaim(self) -> None:
         """Drop what the receiver has read, early: the loader's next batch may reuse that warm memory."""
-        read = int(self.ack[0])
+        read = int(self.ack[_CONSUMED])
         while self.freed < read:
             self.held[self.freed % SLOTS] = []
             self.freed += 1
@@ -91,9 +92,9 @@ class ShmWriter:
         _prune_orphans()
         self.base = base
         self.paths: set[str] = set()
-        ack = _create(f"{base}-ack", 8).view(torch.int64).numpy()
+        ack = _create(f"{base}-ack", 16).view(torch.int64).numpy()
         self.paths.add(f"{base}-ack")
-        ack[0] = 0
+        ack[:] = 0
         self.ring = _Ring(ack)
         os.mkfifo(f"{base}-ctl")  # control messages, in order, one atomic write each
         self.paths.add(f"{base}-ctl")
@@ -113,6 +114,7 @@ class ShmWriter:
 
     def control(self, values: list[int]) -> None:
         os.write(self.fd, CTRL.pack(*values))  # 64 bytes < PIPE_BUF: one atomic write
+        self.ring.ack[_SENT] += 1  # after the write: a receiver that sees the count finds the message
 
     def wait_read(self) -> None:
         """Block until the receiver has consumed every message sent so far."""
@@ -123,11 +125,11 @@ class ShmWriter:
         """(seq, slot, generation, buffer) for the next message, once the receiver freed that slot."""
         ring = self.ring
         seq, slot = ring.seq, ring.seq % SLOTS
-        while int(ring.ack[0]) < seq - SLOTS + 1:
+        while int(ring.ack[_CONSUMED]) < seq - SLOTS + 1:
             time.sleep(_POLL_INTERVAL)
         ring.reclaim()
         for path, first in list(self.fresh.items()) if self.fresh else ():
-            if first < int(ring.ack[0]):  # the receiver read a message in it, so it has it mapped
+            if first < int(ring.ack[_CONSUMED]):  # the receiver read a message in it, so it has it mapped
                 self.forget(path)
                 del self.fresh[path]
         view = self.views[slot]
@@ -145,34 +147,41 @@ class ShmWriter:
 
 
 class ShmReader:
-    def __init__(self, base: str) -> None:
-        """Open rank 0's pipe and counter (they exist: the channel's creators met at a barrier)."""
+    def __init__(self, base: str, spin: bool = False) -> None:
+        """Open rank 0's pipe and counters (they exist: the channel's creators met at a barrier).
+
+        `spin`: wait for a message by reading the shared counter in a loop rather than sleeping
+        between checks; only right when this process has a core of its own.
+        """
         self.base = base
-        self.ack = _map(f"{base}-ack", 8).view(torch.int64).numpy()
+        self.ack = _map(f"{base}-ack", 16).view(torch.int64).numpy()
         self.fd = os.open(f"{base}-ctl", os.O_RDONLY | os.O_NONBLOCK)
         weakref.finalize(self, os.close, self.fd)
         self.maps: dict[int, tuple[int, torch.Tensor]] = {}
+        self.spin = spin
+        self.taken = 0  # control messages read so far
 
     def control(self) -> tuple[int, ...]:
-        """The next control message. Poll, then block: a reader blocked in `read` is woken by rank
-        0's `write`, and the scheduler then often runs it on rank 0's core, stalling the loader."""
+        """The next control message. Poll the shared count of messages sent, then block in
+        `select`: a reader blocked in the kernel is woken by rank 0's `write`, and the scheduler
+        then often runs it on rank 0's core, stalling the loader. A sleeping poll costs rank 0 too
+        (each wake-up is a timer interrupt and a context switch): with a core to itself the
+        receiver spins instead."""
+        sent, interval = self.ack[_SENT:], 0.0 if self.spin else _POLL_INTERVAL
         deadline = time.monotonic() + _POLL_SECONDS
-        while True:
-            try:
-                data = os.read(self.fd, CTRL.size)  # whole messages: each write is one atomic message
-            except BlockingIOError:
-                if time.monotonic() < deadline:
-                    time.sleep(_POLL_INTERVAL)
-                else:
-                    select.select([self.fd], [], [])
-                continue
-            if not data:
-                raise RuntimeError("dispatch_batches: rank 0 closed the data channel")
-            return CTRL.unpack(data)
+        while int(sent[0]) <= self.taken:
+            if time.monotonic() >= deadline:
+                select.select([self.fd], [], [])
+                break
+            if interval:
+                time.sleep(interval)
+        data = _read_message(self.fd)
+        self.taken += 1
+        return CTRL.unpack(data)
 
     def release(self, seq: int) -> None:
         """Give the slot of message `seq` (and what it pointed at) back to rank 0."""
-        self.ack[0] = seq + 1
+        self.ack[_CONSUMED] = seq + 1
 
     def view(self, slot: int, gen: int, total: int) -> torch.Tensor:
         cached = self.maps.get(slot)
@@ -181,3 +190,16 @@ class ShmReader:
             cached = (gen, _map(path, os.path.getsize(path)))
             self.maps[slot] = cached
         return cached[1][:total]
+
+
+def _read_message(fd: int) -> bytes:
+    """One whole control message from the pipe (each was written by one atomic write)."""
+    while True:
+        try:
+            data = os.read(fd, CTRL.size)
+        except BlockingIOError:  # only after select said readable and another reader took it
+            select.select([fd], [], [])
+            continue
+        if not data:
+            raise RuntimeError("dispatch_batches: rank 0 closed the data channel")
+        return data

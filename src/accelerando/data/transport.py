@@ -6,7 +6,8 @@ Rank 0 loads every rank's data, so it must not also copy it:
   tensors' addresses through a shared-memory ring (`shm_ring`) and copy the bytes out of rank 0
   themselves; rank 0 keeps those tensors alive until the receiver says it is done;
 - other ranks on its host get the bytes copied into that ring (one copy each side);
-- ranks on other hosts get both over a dedicated gloo group.
+- ranks on other hosts get both over gloo: the default group when it is gloo, else one gloo
+  group that every channel of the process shares, each channel with its own message tag.
 
 Every message is announced by an 8-int control message that carries the number of the pass it
 belongs to, so a pass that was left early (a `break` on every rank) leaves nothing behind for the
@@ -31,6 +32,7 @@ from accelerando.data.batch_codec import RemoteCodec, decode, pack
 from accelerando.data.shm_ring import CTRL, SHM_DIR, SLOTS, ShmReader, ShmWriter
 
 _BATCH, _END, _REMOTE = 0, 1, 2  # bytes in the ring / end of pass / bytes read from rank 0
+_TAG_BASE = 1 << 20  # gloo message tags of channel n are _TAG_BASE + n, clear of a user's own tags
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,8 @@ class Channel:
     Both ends call `begin_pass` when a pass starts; rank 0 calls `end_pass` when it finishes one.
     """
 
-    def __init__(self, group: Any, rank: int, plan: Plan, pin: bool) -> None:
-        self.group, self.rank, self.pin, self.pid = group, rank, pin, plan.pid
+    def __init__(self, group: Any, rank: int, plan: Plan, pin: bool, tag: int = _TAG_BASE) -> None:
+        self.group, self.rank, self.pin, self.pid, self.tag = group, rank, pin, plan.pid, tag
         self.cross = plan.cross
         base = f"{SHM_DIR}/accelerando-{plan.token}"
         token = plan.token
@@ -100,7 +102,7 @@ class Channel:
     def _connect(self) -> None:
         """Receivers open rank 0's files (they exist: every rank has created its channel)."""
         if self.rank in self.local and self.base:
-            self.reader = ShmReader(f"{self.base}-{self.rank}")
+            self.reader = ShmReader(f"{self.base}-{self.rank}", spin=_cores_for_everyone(len(self.local) + 1))
 
     def _connected(self) -> None:
         """Rank 0, once every receiver has connected: unlink the pipes and counters."""
@@ -137,7 +139,7 @@ class Channel:
                     writer.control(end)
                 else:
                     ctrl = torch.tensor(end, dtype=torch.int64)
-                    keep += [dist.isend(ctrl, dst, group=self.group), ctrl]
+                    keep += [dist.isend(ctrl, dst, group=self.group, tag=self.tag), ctrl]
                 continue
             if writer is not None and dst in self.cross:
                 header, where, tensors = self.codec.pack(payload)
@@ -158,9 +160,9 @@ class Channel:
             info = [_BATCH, len(packed.header), packed.total, -1, -1, 0, 0, self.pass_id]
             ctrl = torch.tensor(info, dtype=torch.int64)
             keep += [
-                dist.isend(ctrl, dst, group=self.group),
+                dist.isend(ctrl, dst, group=self.group, tag=self.tag),
                 ctrl,
-                dist.isend(buf, dst, group=self.group),
+                dist.isend(buf, dst, group=self.group, tag=self.tag),
                 buf,
             ]
         if keep:
@@ -182,7 +184,7 @@ class Channel:
                 kind, hlen, total, rem, seq, slot, gen, pass_id = self.reader.control()
             else:
                 ctrl = torch.empty(CTRL.size // 8, dtype=torch.int64)
-                dist.recv(ctrl, 0, group=self.group)
+                dist.recv(ctrl, 0, group=self.group, tag=self.tag)
                 kind, hlen, total, rem, seq, slot, gen, pass_id = (int(x) for x in ctrl.tolist())
             stale = pass_id < self.pass_id
             if kind == _END:
@@ -191,7 +193,7 @@ class Channel:
                 return False, rem
             if self.reader is None:
                 buf = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin and not stale)
-                dist.recv(buf, 0, group=self.group)
+                dist.recv(buf, 0, group=self.group, tag=self.tag)
                 if stale:
                     continue
                 return True, decode(buf, hlen)
@@ -209,18 +211,44 @@ class Channel:
             return True, batch
 
 
+def _cores_for_everyone(local_ranks: int) -> bool:
+    """True when this host has a core for every rank of the job on it (so a receiver may spin)."""
+    on_host = int(os.environ.get("LOCAL_WORLD_SIZE", local_ranks))
+    return max(on_host, local_ranks) <= len(os.sched_getaffinity(0))
+
+
 def _wait(items: list[Any]) -> None:
     for item in items:
         if not isinstance(item, torch.Tensor):
             item.wait()
 
 
+_shared: dict[str, Any] = {"world": None, "group": None, "channels": 0}
+
+
+def transfer_group() -> Any:
+    """The gloo group all of this process's channels share: the default group when it is gloo,
+    else one gloo group made on first use; collective on first use.
+
+    A group per channel would leave, for every loader ever prepared, a gloo thread that wakes
+    about 100 times a second (each wake-up preempts rank 0's loading) and sockets that are never
+    closed.
+    """
+    world = dist.group.WORLD
+    if _shared["world"] is not world:
+        own = dist.get_backend() == "gloo"
+        _shared.update(world=world, group=world if own else dist.new_group(backend="gloo"), channels=0)
+    return _shared["group"]
+
+
 def open_channel(num_processes: int, rank: int, pin: bool) -> Channel:
-    """Every rank's end of a new channel; collective (it creates a gloo group for the transfers)."""
+    """Every rank's end of a new channel; collective (every rank opens its channels in the same order)."""
     if num_processes == 1:
         return Channel(None, rank, Plan(), pin)
-    group = dist.new_group(backend="gloo")
-    channel = Channel(group, rank, shared_memory_plan(group), pin)
+    group = transfer_group()
+    _shared["channels"] += 1
+    tag = _TAG_BASE + _shared["channels"]
+    channel = Channel(group, rank, shared_memory_plan(group), pin, tag)
     dist.barrier(group=group)  # rank 0's pipes and buffers exist before anyone opens them
     channel._connect()
     dist.barrier(group=group)  # every receiver has them open: rank 0 may unlink them

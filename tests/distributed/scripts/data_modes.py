@@ -11,6 +11,7 @@ import itertools
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -45,6 +46,34 @@ class Nested(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"x": torch.full((2,), float(i)), "name": f"s{i}", "pair": (i, torch.tensor([i, -i]))}
+
+
+class Mixed(Dataset):
+    """Samples of every kind default_collate handles, one tensor field a transposed view."""
+
+    def __len__(self) -> int:
+        return 23
+
+    def __getitem__(self, i: int) -> dict:
+        return {
+            "x": torch.full((3, 4), float(i)),
+            "t": torch.arange(6, dtype=torch.bfloat16).view(2, 3).t() + i,  # a transposed view
+            "scalar": torch.tensor(i),
+            "n": np.full((2,), i, dtype=np.int16),
+            "pair": (i, f"s{i}"),
+            "ok": bool(i % 2),
+        }
+
+
+def same(a, b) -> bool:
+    """Equal values, dtypes and container types, all the way down."""
+    if isinstance(a, torch.Tensor):
+        return type(b) is torch.Tensor and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 class OddEven:
@@ -214,6 +243,17 @@ def pad_collate(samples: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(samples, batch_first=True, padding_value=-1)
 
 
+def check_dispatch_batches_equal_local_ones() -> None:
+    """Every kind of sample default_collate handles arrives on every rank exactly as the rank's
+    own non-dispatch batch (values, dtypes, container types), in two passes."""
+    for even in (True, False):
+        disp = prep(DataLoader(Mixed(), batch_size=4, shuffle=True), dispatch_batches=True, even_batches=even)
+        local = prep(DataLoader(Mixed(), batch_size=4, shuffle=True), even_batches=even)
+        for _ in range(2):
+            got, want = list(disp), list(local)
+            assert len(got) == len(want) and all(same(a, b) for a, b in zip(got, want)), even
+
+
 def check_dispatch_collates_like_accelerate() -> None:
     """Without split_batches each rank's batch is collated on its own (exactly the non-dispatch
     batch, padding included); with split_batches the step's batch is collated once, then sliced."""
@@ -263,6 +303,33 @@ def check_dispatch_with_workers() -> None:
         assert drain(loader(dispatch_batches=True)) == drain(loader()), split
 
 
+def check_dispatchers_share_the_default_group() -> None:
+    """Dispatchers reuse the gloo default group: preparing them starts no threads (a group per
+    loader would leave a gloo thread per loader ever prepared, waking 100 times a second)."""
+    import os
+
+    threads = len(os.listdir("/proc/self/task"))
+    loaders = [prep(DataLoader(Indexed(9), batch_size=2), dispatch_batches=True) for _ in range(3)]
+    assert all(d._channel.group is dist.group.WORLD for d in loaders)
+    assert len({d._channel.tag for d in loaders}) == 3, "each channel has its own message tag"
+    assert len(os.listdir("/proc/self/task")) == threads
+
+
+def check_two_dispatchers_in_lockstep() -> None:
+    """Two dispatchers sharing the group, iterated together, each get only their own messages."""
+    a = prep(DataLoader(Indexed(23), batch_size=4), dispatch_batches=True, even_batches=False)
+    b = prep(DataLoader(Indexed(23), batch_size=3, shuffle=True), dispatch_batches=True, even_batches=False)
+    want_a = drain(prep(DataLoader(Indexed(23), batch_size=4), even_batches=False))
+    want_b = drain(prep(DataLoader(Indexed(23), batch_size=3, shuffle=True), even_batches=False))
+    got_a, got_b = [], []
+    for x, y in itertools.zip_longest(a, b):
+        if x is not None:
+            got_a.append(as_ids(x))
+        if y is not None:
+            got_b.append(as_ids(y))
+    assert (got_a, got_b) == (want_a, want_b)
+
+
 def check_every_transport_route() -> None:
     """The same dispatch checks when rank 1 reads rank 0's memory (the default here), copies out of
     the shared-memory ring, or receives over gloo (what a rank on another host does)."""
@@ -282,8 +349,10 @@ def check_every_transport_route() -> None:
         for name, route in routes.items():
             transport_module.shared_memory_plan = lambda group, route=route: route(real(group))
             check_nested_dispatch()
+            check_dispatch_batches_equal_local_ones()
             check_dispatch_collates_like_accelerate()
             check_dispatch_pass_left_early()
+            check_two_dispatchers_in_lockstep()
             disp = prep(DataLoader(Stream(22), batch_size=4), split_batches=True)
             assert everyone(drain(disp)) == reference(list(range(22)), 4, True, True, False), name
     finally:
@@ -418,8 +487,11 @@ def main() -> None:
     check_map_style()
     check_iterable()
     check_nested_dispatch()
+    check_dispatch_batches_equal_local_ones()
     check_dispatch_collates_like_accelerate()
     check_dispatch_pass_left_early()
+    check_dispatchers_share_the_default_group()
+    check_two_dispatchers_in_lockstep()
     check_every_transport_route()
     check_dispatch_with_workers()
     check_rng_untouched_and_skip()
