@@ -66,7 +66,7 @@ def _split(batch: Any) -> tuple[Any, list[torch.Tensor], Any]:
     tensors: list[torch.Tensor] = []
 
     def take(t: torch.Tensor) -> _Slot:
-        tensors.append(t.detach())
+        tensors.append(t.detach() if t.requires_grad else t)  # detach() costs a tensor each
         return _Slot(len(tensors) - 1)
 
     kind = type(batch)
