@@ -26,7 +26,6 @@ from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progr
 from accelerando.data.samplers import BatchSamplerShard
 from accelerando.data.transport import Channel, EndMsg, open_channel
 
-
 _ROUNDS_FREED_TOGETHER = 4  # the rounds of batches rank 0 may free at once (receivers' and its own)
 
 
