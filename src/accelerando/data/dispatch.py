@@ -20,13 +20,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from accelerando.config.options import DataLoaderConfiguration
-from accelerando.data import heap
 from accelerando.data import sharding as sh
 from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard
 from accelerando.data.transport import Channel, EndMsg, open_channel
-
-_ROUNDS_FREED_TOGETHER = 4  # the rounds of batches rank 0 may free at once (receivers' and its own)
 
 
 def batch_length(batch: Any) -> int:
@@ -212,6 +209,8 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         self._slice_fn = slice_fn
         self._channel = channel
         self._remote_remainder = -1
+        if rank == 0:  # it also frees, at once, batches its receivers have finished reading
+            self._batches_freed_together = 4 * world_size
 
     even_batches = DataLoaderShard.even_batches
 
@@ -269,11 +268,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         n = self._world
         rounds = _cut_each(inner, self._cut) if global_mode else _group(inner, n)
         end = EndMsg(-1)
-        first = True
         for pieces in rounds:
-            if first:  # several rounds' batches are freed together: glibc must not hand them back
-                heap.keep_freed(_ROUNDS_FREED_TOGETHER * heap.tensor_bytes(pieces))
-                first = False
             if len(pieces) == n and not ended and all(p is not None for p in pieces):
                 msgs = dict(zip(range(1, n), pieces[1:]))  # the usual round: a batch for everyone
             else:

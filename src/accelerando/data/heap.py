@@ -1,13 +1,14 @@
-"""Keeping the memory of rank 0's freed batches in the process while it dispatches.
+"""Keeping the memory of freed batches in the process while a prepared loader runs.
 
 glibc hands the free memory at the top of its heap back to the kernel once there is more of it
 than a trim threshold, and the next batch then page-faults its way back in (about 4.6 µs a page
 in the VM we measure on: up to a third of rank 0's loading time). The threshold adapts: glibc
 raises it to twice the largest block, up to 32 MiB, that it has given back with `munmap`. A plain
-loader frees one batch at a time and stays under it; a dispatcher frees several batches at once
-and crosses it on some rounds. `keep_freed` frees one untouched block of the size rank 0 juggles,
-which moves glibc's threshold exactly as any bigger tensor freed by a training step would. It
-changes no allocator setting, touches no page of the block, and is bounded to 64 MiB kept.
+loader frees one batch at a time and stays under it; a prepared loader frees a few at once (rank 0
+of a dispatcher, a few rounds' worth) and crosses it on some rounds. `keep_freed` frees one
+untouched block of the size the loader juggles, which moves glibc's threshold exactly as any
+bigger tensor freed by a training step would. It changes no allocator setting, touches no page of
+the block, and is bounded to 64 MiB kept.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from accelerando.data import heap
 from accelerando.data.samplers import SeedableRandomSampler
 from accelerando.data.sharding import num_samples_of_rank as sh_num_samples
 from accelerando.data.sharding import remainder as sh_remainder
@@ -194,12 +195,17 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         if gen is not None:
             gen.manual_seed(worker_seed(self._progress.seed, epoch, self._rank))
 
+    # Batches this loader's process may free at once: the user's, the current and the next one,
+    # and, when a pass ends, those of the next pass's start (torch's iterator is rebuilt).
+    _batches_freed_together = 8
+
     def _iterate(self, source: Iterator[Any]) -> Iterator[Any]:
         current = next(source, _END)
         self.remainder = self._final_remainder()
         if current is _END:
             self.end_of_dataloader = True
             return
+        heap.keep_freed(self._batches_freed_together * heap.tensor_bytes([current]))
         while True:
             snapshot = self._snapshot()
             nxt = next(source, _END)
