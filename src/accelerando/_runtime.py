@@ -114,18 +114,26 @@ _FAILED = False
 
 
 def _teardown_at_exit() -> None:
-    """Destroy our process group before interpreter shutdown; gloo aborts the process otherwise.
+    """Destroy our process group before interpreter shutdown; gloo aborts the process otherwise."""
+    runtime = _RUNTIME
+    if runtime is None or not runtime.owns_process_group or not dist.is_initialized():
+        return
+    destroy_default_group(meet=not _FAILED)
+
+
+def destroy_default_group(meet: bool = True) -> None:
+    """Destroy the default process group without aborting a peer (what exit and `end_training` use).
 
     On gloo the ranks first meet at a bounded barrier, so no rank closes its connections while a
     peer is still finishing its last collective (that too aborts the peer), and meet again through
     the store once every rank has destroyed its group, so no rank exits, closing its sockets, while
     a peer is still tearing down (about one exit in thirty aborted without this). A rank that is
-    exiting because of an uncaught error skips both: its peers are being stopped by the launcher.
+    exiting because of an uncaught error passes `meet=False`: its peers are being stopped by the
+    launcher.
     """
-    runtime = _RUNTIME
-    if runtime is None or not runtime.owns_process_group or not dist.is_initialized():
+    if not dist.is_initialized():
         return
-    meet = not _FAILED and runtime.backend == "gloo" and dist.get_world_size() > 1
+    meet = meet and dist.get_backend() == "gloo" and dist.get_world_size() > 1
     store = _default_store() if meet else None
     world = dist.get_world_size()
     try:

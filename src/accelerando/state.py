@@ -159,9 +159,14 @@ class PartialState:
             print(*args, **kwargs)
 
     def destroy_process_group(self, group: Any = None) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group(group)
+        """Destroy `group`, or the default group without aborting a peer (see `_runtime`)."""
+        if not dist.is_initialized():
+            return
+        if group is None or group is dist.group.WORLD:
+            _runtime.destroy_default_group()
             self._rt.owns_process_group = False
+        else:
+            dist.destroy_process_group(group)
 
     def __repr__(self) -> str:
         return (

@@ -24,9 +24,10 @@ def test_failing_rank_ends_the_job_with_its_traceback():
     assert "[accelerando] rank 1 failed" in proc.stderr
 
 
-def test_script_without_cleanup_exits_zero_every_time():
+def test_script_without_cleanup_or_with_end_training_exits_zero_every_time():
     """Without a launcher agent, so a gloo abort at interpreter exit would show as a non-zero code."""
     for attempt in range(4):
+        args = ["end"] if attempt % 2 else []
         port = free_port()
         procs = []
         for rank in range(2):
@@ -42,7 +43,7 @@ def test_script_without_cleanup_exits_zero_every_time():
             }
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, str(SCRIPTS / "core_clean_exit.py")],
+                    [sys.executable, str(SCRIPTS / "core_clean_exit.py"), *args],
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
