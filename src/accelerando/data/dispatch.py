@@ -335,7 +335,7 @@ def prepare_dispatcher(
     put_on_device: bool = True,
     slice_fn: Callable[..., Any] | None = None,
 ) -> DataLoaderDispatcher:
-    """Build the dispatcher; every rank must call it (the first dispatcher may create the gloo group for the transfers)."""
+    """Build the dispatcher; every rank must call it (the first one may create the transfer group)."""
     from accelerando.data import prepare as prep
 
     if num_processes > 1 and not (dist.is_available() and dist.is_initialized()):

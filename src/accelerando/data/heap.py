@@ -36,6 +36,6 @@ def keep_freed(nbytes: int) -> None:
     _kept = nbytes
 
 
-def tensor_bytes(batches: list[Any]) -> int:
-    """Bytes of every CPU tensor in `batches` (None entries allowed)."""
-    return sum(t.nbytes for b in batches if b is not None for t in tree_leaves(b) if t.device.type == "cpu")
+def tensor_bytes(batch: Any) -> int:
+    """Bytes of every CPU tensor in `batch`."""
+    return sum(t.nbytes for t in tree_leaves(batch) if t.device.type == "cpu")

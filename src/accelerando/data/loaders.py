@@ -205,7 +205,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         if current is _END:
             self.end_of_dataloader = True
             return
-        heap.keep_freed(self._batches_freed_together * heap.tensor_bytes([current]))
+        heap.keep_freed(self._batches_freed_together * heap.tensor_bytes(current))
         while True:
             snapshot = self._snapshot()
             nxt = next(source, _END)

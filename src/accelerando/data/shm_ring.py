@@ -167,14 +167,13 @@ class ShmReader:
         then often runs it on rank 0's core, stalling the loader. A sleeping poll costs rank 0 too
         (each wake-up is a timer interrupt and a context switch): with a core to itself the
         receiver spins instead."""
-        sent, interval = self.ack[_SENT:], 0.0 if self.spin else _POLL_INTERVAL
         deadline = time.monotonic() + _POLL_SECONDS
-        while int(sent[0]) <= self.taken:
+        while int(self.ack[_SENT]) <= self.taken:
             if time.monotonic() >= deadline:
                 select.select([self.fd], [], [])
                 break
-            if interval:
-                time.sleep(interval)
+            if not self.spin:
+                time.sleep(_POLL_INTERVAL)
         data = _read_message(self.fd)
         self.taken += 1
         return CTRL.unpack(data)
@@ -197,7 +196,7 @@ def _read_message(fd: int) -> bytes:
     while True:
         try:
             data = os.read(fd, CTRL.size)
-        except BlockingIOError:  # only after select said readable and another reader took it
+        except BlockingIOError:  # not expected: rank 0 raises the count only after its write
             select.select([fd], [], [])
             continue
         if not data:
