@@ -23,7 +23,7 @@ from accelerando.config.options import DataLoaderConfiguration
 from accelerando.data import sharding as sh
 from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard
-from accelerando.data.transport import Channel, EndMsg, open_channel
+from accelerando.data.transport import MORE, UNKNOWN, Channel, EndMsg, open_channel
 
 
 def batch_length(batch: Any) -> int:
@@ -85,11 +85,18 @@ class DispatchBatchSampler(BatchSamplerShard):
     def __iter__(self) -> Iterator[list[int]]:
         spec, skip = self.spec, self.skip
         self.remainder = 0
+        self.pass_counts: list[int] | None = None  # each rank's batches in the pass begun last, if known
         if self.plain:
             indices = list(self.batch_sampler.sampler)
             self.remainder = sh.remainder(len(indices), spec)
+            self.pass_counts = [
+                max(sh.num_batches(len(indices), spec.for_rank(r)) - skip, 0)
+                for r in range(self.num_processes)
+            ]
+            self.pass_batches = self.pass_counts[0]
             chunks = (chunk for chunk, _ in sh.iter_global_batches(indices, spec, skip))
             return chunks if self.global_batches else _pieces(chunks, spec)
+        self.pass_batches = None
         return self._iter_rounds(spec, skip)
 
     def _iter_rounds(self, spec: sh.ShardSpec, skip: int) -> Iterator[list[int]]:
@@ -209,6 +216,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         self._slice_fn = slice_fn
         self._channel = channel
         self._remote_remainder = -1
+        self._mark = UNKNOWN  # what rank 0 said of the batches after the one received last
         if rank == 0:  # it also frees, at once, batches its receivers have finished reading
             self._batches_freed_together = 4 * world_size
 
@@ -228,6 +236,17 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
     def _snapshot(self) -> Any:
         return super()._snapshot() if self._rank == 0 else None
 
+    def _is_last(self, number: int) -> bool | None:
+        """Rank 0 counts (when the pass's start knew the counts); a receiver is told by rank 0.
+
+        Both then read no batch ahead, and rank 0 sends each receiver its batch of a step before
+        the step: a receiver never waits for a batch rank 0 would send only after a collective
+        that waits for the receiver.
+        """
+        if self._rank != 0:
+            return None if self._mark == UNKNOWN else self._mark != MORE
+        return super()._is_last(number)
+
     def _source(self, start: int) -> Iterator[Any]:
         restoring = self._stateful and self._pending_state is not None
         self._pending_state = None
@@ -236,15 +255,21 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
             return self._receive()
         self._shard.skip = 0 if restoring else start
         inner = iter(super(PreparedLoaderMixin, self).__iter__())
-        return self._produce(inner, self._shard.global_batches)
+        counts = None if restoring else getattr(self._shard, "pass_counts", None)
+        self._pass_batches = None if counts is None else counts[0]
+        return self._produce(inner, self._shard.global_batches, counts)
 
     def _receive(self) -> Iterator[Any]:
         self._remote_remainder = -1
+        self._mark = UNKNOWN
         while True:
-            ok, payload = self._channel.recv()
+            ok, payload, mark = self._channel.recv()
             if not ok:
-                self._remote_remainder = int(payload)
+                self._remote_remainder = mark
                 return
+            self._mark = mark
+            if mark >= 0:
+                self._remote_remainder = mark
             yield payload
 
     def _cut(self, batch: Any) -> list[Any]:
@@ -263,20 +288,23 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
                 pieces.append(slice_batch(batch, slice(*bounds), size))
         return pieces
 
-    def _produce(self, inner: Iterator[Any], global_mode: bool) -> Iterator[Any]:
+    def _produce(self, inner: Iterator[Any], global_mode: bool, counts: list[int] | None) -> Iterator[Any]:
+        """Rank 0's pass: send each round's batches, then yield its own. With `counts` (each
+        rank's batches in the pass) every batch message says whether it is its rank's last."""
         ended: set[int] = set()
         n = self._world
         rounds = _cut_each(inner, self._cut) if global_mode else _group(inner, n)
-        end = EndMsg(-1)
+        sent = [0] * n
         for pieces in rounds:
             if len(pieces) == n and not ended and all(p is not None for p in pieces):
                 msgs = dict(zip(range(1, n), pieces[1:]))  # the usual round: a batch for everyone
             else:
                 pieces = pieces + [None] * (n - len(pieces))
+                end = EndMsg(self._final_remainder())  # a final round: the remainder is known now
                 msgs = {r: (end if pieces[r] is None else pieces[r]) for r in range(1, n) if r not in ended}
                 ended.update(r for r, m in msgs.items() if m is end)
             if msgs:
-                self._channel.send_round(msgs)
+                self._channel.send_round(msgs, None if counts is None else self._marks(msgs, sent, counts))
             mine = pieces[0]
             # Hold no other rank's batch while the next round loads: the channel keeps it exactly
             # as long as its receiver needs it, and the loader can then reuse that memory.
@@ -290,6 +318,15 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         if last:
             self._channel.send_round(last)
         self._channel.end_pass()
+
+    def _marks(self, msgs: dict[int, Any], sent: list[int], counts: list[int]) -> dict[int, int]:
+        """For each batch in `msgs`: `MORE`, or the final remainder when it is its rank's last."""
+        marks = {}
+        for r, msg in msgs.items():
+            if not isinstance(msg, EndMsg):
+                sent[r] += 1
+                marks[r] = MORE if sent[r] < counts[r] else max(self._final_remainder(), 0)
+        return marks
 
 
 def _group(inner: Iterator[Any], n: int) -> Iterator[list[Any]]:

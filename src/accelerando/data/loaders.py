@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - torchdata is optional
     StatefulDataLoader = None  # type: ignore[assignment,misc]
 
 _END = object()
+_LATER = object()  # the next batch is read only once the user asks for it
 STATE_VERSION = 1
 
 
@@ -82,6 +83,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     _yield_state: Any = None
     _pending_state: Any = None
     _stateful_twin: Any = None  # the subclass that also derives from torchdata's StatefulDataLoader
+    _pass_batches: int | None = None  # batches the pass under way yields, when its start knew it
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
         if use_stateful_dataloader and StatefulDataLoader is None:
@@ -199,7 +201,18 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     # and, when a pass ends, those of the next pass's start (torch's iterator is rebuilt).
     _batches_freed_together = 8
 
+    def _is_last(self, number: int) -> bool | None:
+        """Whether batch `number` (from 1) of this pass is its last; None when only reading on
+        can tell (the loader then loads one batch ahead to set `end_of_dataloader` in time)."""
+        total = self._pass_batches
+        return None if total is None else number >= total
+
     def _iterate(self, source: Iterator[Any]) -> Iterator[Any]:
+        """Yield the pass's batches, flagging the last one as it is yielded.
+
+        A pass whose length is known loads no batch ahead of the one the user holds: its memory
+        is the one the previous batch just freed, still in the cache.
+        """
         current = next(source, _END)
         self.remainder = self._final_remainder()
         if current is _END:
@@ -208,13 +221,16 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         heap.keep_freed(self._batches_freed_together * heap.tensor_bytes(current))
         while True:
             snapshot = self._snapshot()
-            nxt = next(source, _END)
+            last = self._is_last(self.batches_yielded + 1)
+            nxt = next(source, _END) if last is None else _LATER
             self.batches_yielded += 1
-            if nxt is _END:
+            if last or nxt is _END:
                 self.end_of_dataloader = True
                 self.remainder = self._final_remainder()
             self._yield_state = snapshot
             yield send_to_device(current, self.device, self._non_blocking) if self._move else current  # type: ignore[arg-type]
+            if nxt is _LATER:  # after a known last batch, this ends the source (a receiver's end message)
+                nxt = next(source, _END)
             if nxt is _END:
                 return
             current = nxt
@@ -338,7 +354,10 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
         restoring = self._stateful and self._pending_state is not None
         self._pending_state = None
         self._shard.skip = 0 if restoring else start
-        return iter(super(PreparedLoaderMixin, self).__iter__())
+        inner = iter(super(PreparedLoaderMixin, self).__iter__())
+        # torchdata fast-forwards a restored iterator itself: only a fresh one has the shard's count
+        self._pass_batches = None if restoring else getattr(self._shard, "pass_batches", None)
+        return inner
 
 
 if StatefulDataLoader is not None:

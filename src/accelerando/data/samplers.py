@@ -105,6 +105,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         _ = self.spec  # validates the arguments
         self.skip = 0
         self.remainder = -1
+        self.pass_batches: int | None = None  # batches the pass begun last yields, when its start knows
 
     @property
     def spec(self) -> sh.ShardSpec:
@@ -143,8 +144,10 @@ class BatchSamplerShard(Sampler[list[int]]):
         if self.plain:
             indices = list(self.batch_sampler.sampler)
             self.remainder = sh.remainder(len(indices), spec)
+            self.pass_batches = max(sh.num_batches(len(indices), spec) - skip, 0)
             return sh.iter_rank_batches(indices, spec, skip)
         self.remainder = 0
+        self.pass_batches = None  # a custom batch sampler's length is only its word
         return self._iter_custom(spec, skip)
 
     def _iter_custom(self, spec: sh.ShardSpec, skip: int) -> Iterator[list[int]]:

@@ -33,6 +33,8 @@ from accelerando.data.shm_ring import CTRL, SHM_DIR, SLOTS, ShmReader, ShmWriter
 
 _BATCH, _END, _REMOTE = 0, 1, 2  # bytes in the ring / end of pass / bytes read from rank 0
 _TAG_BASE = 1 << 20  # gloo message tags of channel n are _TAG_BASE + n, clear of a user's own tags
+# What a batch message says of the batches after it (>= 0: it is the rank's last; the final remainder)
+UNKNOWN, MORE = -1, -2
 
 
 @dataclass(frozen=True)
@@ -128,11 +130,13 @@ class Channel:
         for writer in self.writers.values():
             writer.wait_read()
 
-    def send_round(self, messages: dict[int, Any]) -> None:
-        """Send one message per destination rank: a batch, or an `EndMsg`."""
+    def send_round(self, messages: dict[int, Any], marks: dict[int, int] | None = None) -> None:
+        """Send one message per destination rank: a batch, or an `EndMsg`. `marks[dst]` says what
+        follows a batch: `UNKNOWN`, `MORE` batches, or nothing (the final remainder, >= 0)."""
         keep: list[Any] = []
         for dst, payload in messages.items():
             writer = self.writers.get(dst)
+            mark = UNKNOWN if marks is None else marks.get(dst, UNKNOWN)
             if isinstance(payload, EndMsg):
                 end = [_END, 0, 0, payload.remainder, -1, 0, 0, self.pass_id]
                 if writer is not None:
@@ -147,17 +151,17 @@ class Channel:
                 seq, slot, gen, view = writer.slot(total)
                 writer.arrays[slot][:total] = memoryview(header + where)
                 writer.ring.held[slot] = tensors
-                writer.control([_REMOTE, len(header), total, -1, seq, slot, gen, self.pass_id])
+                writer.control([_REMOTE, len(header), total, mark, seq, slot, gen, self.pass_id])
                 continue
             packed = pack(payload)
             if writer is not None:
                 seq, slot, gen, view = writer.slot(packed.total)
                 packed.write(view)
-                writer.control([_BATCH, len(packed.header), packed.total, -1, seq, slot, gen, self.pass_id])
+                writer.control([_BATCH, len(packed.header), packed.total, mark, seq, slot, gen, self.pass_id])
                 continue
             buf = torch.empty(packed.total, dtype=torch.uint8)
             packed.write(buf)
-            info = [_BATCH, len(packed.header), packed.total, -1, -1, 0, 0, self.pass_id]
+            info = [_BATCH, len(packed.header), packed.total, mark, -1, 0, 0, self.pass_id]
             ctrl = torch.tensor(info, dtype=torch.int64)
             keep += [
                 dist.isend(ctrl, dst, group=self.group, tag=self.tag),
@@ -174,8 +178,8 @@ class Channel:
         while self.pending:
             _wait(self.pending.popleft())
 
-    def recv(self) -> tuple[bool, Any]:
-        """(True, batch) or (False, remainder) when this rank's pass is over.
+    def recv(self) -> tuple[bool, Any, int]:
+        """(True, batch, its mark) or (False, None, remainder) when this rank's pass is over.
 
         Messages left from an earlier, abandoned pass are read and dropped.
         """
@@ -190,13 +194,13 @@ class Channel:
             if kind == _END:
                 if stale:
                     continue
-                return False, rem
+                return False, None, rem
             if self.reader is None:
                 buf = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin and not stale)
                 dist.recv(buf, 0, group=self.group, tag=self.tag)
                 if stale:
                     continue
-                return True, decode(buf, hlen)
+                return True, decode(buf, hlen), rem
             if stale:
                 self.reader.view(slot, gen, 0)  # map a new slot file now: rank 0 unlinks it once read
                 self.reader.release(seq)
@@ -208,7 +212,7 @@ class Channel:
             else:
                 batch = decode(view.clone(), hlen)
             self.reader.release(seq)
-            return True, batch
+            return True, batch, rem
 
 
 def _cores_for_everyone(local_ranks: int) -> bool:

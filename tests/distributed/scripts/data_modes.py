@@ -277,6 +277,42 @@ def check_dispatch_collates_like_accelerate() -> None:
         assert sorted(max(row) for batches in ranks for t in batches for row in t) == list(range(16))
 
 
+class CountingLoads(Indexed):
+    loads = 0
+
+    def __getitem__(self, i: int) -> int:
+        CountingLoads.loads += 1
+        return i
+
+
+def check_dispatch_reads_no_batch_ahead() -> None:
+    """With a known length rank 0 loads no round ahead of the step, receivers are told which batch
+    is their last (end_of_dataloader, remainder on time), and a collective in every step, as in
+    DDP training, never waits on a batch that rank 0 would send only after it; a custom batch
+    sampler (length unknown: one round ahead on every rank) meets the same collective."""
+    for split, even, sampler in itertools.product((False, True), (True, False), (None, "custom")):
+        n = 25
+        dl = (
+            DataLoader(CountingLoads(n), batch_size=4, shuffle=True)
+            if sampler is None
+            else DataLoader(CountingLoads(n), batch_sampler=OddEven(n))
+        )
+        loader = prep(dl, dispatch_batches=True, split_batches=split and sampler is None, even_batches=even)
+        steps = everyone(len(loader))
+        CountingLoads.loads = 0
+        held = []
+        for k, _ in enumerate(loader):
+            held.append((CountingLoads.loads, loader.end_of_dataloader, loader.remainder))
+            if k < min(steps):  # every rank takes part in this step's collective
+                dist.all_reduce(torch.ones(1))
+        assert [h[1] for h in held] == [False] * (len(held) - 1) + [True], (split, even, sampler, held)
+        assert everyone(held[-1][2]) == [held[-1][2]] * WORLD, (split, even, sampler, everyone(held))
+        if RANK == 0 and sampler is None:
+            per_round = 4 * (1 if split else WORLD)
+            loads = [h[0] for h in held]
+            assert loads[:-1] == [per_round * (k + 1) for k in range(len(held) - 1)], (split, even, loads)
+
+
 def check_dispatch_pass_left_early() -> None:
     """A pass every rank leaves with `break` leaves nothing behind for the next pass, even when
     rank 0 went further than the others (its extra batches are dropped as stale)."""
@@ -351,6 +387,7 @@ def check_every_transport_route() -> None:
             check_nested_dispatch()
             check_dispatch_batches_equal_local_ones()
             check_dispatch_collates_like_accelerate()
+            check_dispatch_reads_no_batch_ahead()
             check_dispatch_pass_left_early()
             check_two_dispatchers_in_lockstep()
             disp = prep(DataLoader(Stream(22), batch_size=4), split_batches=True)
@@ -489,6 +526,7 @@ def main() -> None:
     check_nested_dispatch()
     check_dispatch_batches_equal_local_ones()
     check_dispatch_collates_like_accelerate()
+    check_dispatch_reads_no_batch_ahead()
     check_dispatch_pass_left_early()
     check_dispatchers_share_the_default_group()
     check_two_dispatchers_in_lockstep()

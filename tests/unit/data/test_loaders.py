@@ -258,6 +258,35 @@ def test_gradient_state_sees_end_of_dataloader() -> None:
     assert not gs.in_dataloader
 
 
+def loads_while_held(loader: DataLoader, ds: Counting) -> list[tuple[int, bool]]:
+    """(samples loaded so far, end_of_dataloader) while the user holds each batch."""
+    ds.loads = 0
+    return [(ds.loads, loader.end_of_dataloader) for _ in loader]
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_known_length_loads_no_batch_ahead(split: bool) -> None:
+    """A default (or seedable) sampler's pass has a known length: while the user holds batch k,
+    only batches 1..k were loaded, and the last is still flagged as it is yielded."""
+    from accelerando.data.skip import skip_first_batches
+
+    ds = Counting(21)
+    for shuffle, even, drop in itertools.product((False, True), repeat=3):
+        dl = DataLoader(ds, batch_size=4, shuffle=shuffle, drop_last=drop)
+        loader = prepared(dl, 0, split_batches=split, even_batches=even)
+        sizes = [len(b) for b in loader]
+        for view, held in ((loader, sizes), (skip_first_batches(loader, 2), sizes[2:])):
+            seen = loads_while_held(view, ds)
+            want = [(sum(held[: k + 1]), k == len(held) - 1) for k in range(len(held))]
+            assert seen == want, (shuffle, even, drop)
+    # a custom batch sampler's length is only its word: the loader still reads one batch ahead
+    loader = prepared(DataLoader(ds, batch_sampler=EvenOddBatches(21)), 0)
+    sizes = [len(b) for b in loader]
+    seen = loads_while_held(loader, ds)
+    assert [s[0] for s in seen] == [sum(sizes[: k + 2]) for k in range(len(sizes))]
+    assert [s[1] for s in seen] == [False] * (len(seen) - 1) + [True]
+
+
 def test_even_batches_attribute_takes_effect_next_pass() -> None:
     loader = prepared(DataLoader(Counting(5), batch_size=2), 1)
     assert len(loader) == 2
