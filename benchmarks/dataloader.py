@@ -7,7 +7,8 @@ plain `DataLoader` + `DistributedSampler` (the baseline), accelerando's prepared
 accelerando with `dispatch_batches=True`, the floor of any dispatcher (rank 0 reading every rank's
 batches and sending nothing), and the same two through Hugging Face Accelerate when it is
 importable. Times are the slowest rank's, median over interleaved repeats; each ratio is the
-median over repeats of the loader's time against the plain loader's in the same repeat. Then what
+median over repeats of the loader's time against the plain loader's (and, for a dispatcher, the
+floor's) in the same repeat. Then what
 `skip_first_batches` adds to the time to the first batch when it jumps to batch 2,000, with cheap
 and with expensive samples (it must not grow with the cost of a sample).
 """
@@ -106,9 +107,12 @@ def _factories(ds: Dataset, bs: int, epoch: list[int]) -> dict[str, Callable[[],
 
     out = {"plain DataLoader + DistributedSampler": plain, "accelerando": ours(False)}
     out.update({"accelerando dispatch_batches": ours(True)})
-    out.update({"(floor) rank 0 alone reads all, sends nothing": rank0_alone})
+    out.update({FLOOR: rank0_alone})
     out.update(_accelerate_factories(ds, bs))
     return out
+
+
+FLOOR = "(floor) rank 0 alone reads all, sends nothing"
 
 
 def _slowest(seconds: float) -> float:
@@ -125,10 +129,11 @@ def _epoch_time(loader: Any) -> float:
     return _slowest(time.perf_counter() - start)
 
 
-def bench_iteration(args: argparse.Namespace) -> list[tuple[str, float, float]]:
-    """(loader, median epoch time, median over repeats of its time / plain's time in that repeat).
+def bench_iteration(args: argparse.Namespace) -> list[tuple[str, float, float, float | None]]:
+    """(loader, median epoch time, median over repeats of its time / plain's time in that repeat,
+    the same against the floor for a dispatching loader).
 
-    The ratio pairs each loader with the baseline of the same repeat: this machine's speed drifts
+    The ratios pair each loader with the baseline of the same repeat: this machine's speed drifts
     between repeats by more than the overheads measured.
     """
     ds = Images(args.samples, args.sample_us)
@@ -142,9 +147,13 @@ def bench_iteration(args: argparse.Namespace) -> list[tuple[str, float, float]]:
             elapsed = _epoch_time(loader)
             if rep:  # the first round warms caches and allocators
                 times[name].append(elapsed)
-    base = next(iter(times.values()))
+    base, floor = next(iter(times.values())), times[FLOOR]
+
+    def paired(ts: list[float], against: list[float]) -> float:
+        return statistics.median(t / b for t, b in zip(ts, against))
+
     return [
-        (name, statistics.median(ts), statistics.median(t / b for t, b in zip(ts, base)))
+        (name, statistics.median(ts), paired(ts, base), paired(ts, floor) if "dispatch" in name else None)
         for name, ts in times.items()
     ]
 
@@ -213,9 +222,10 @@ def main() -> None:
             f"\n2 processes (gloo, CPU), {args.samples} samples of 3x32x32 costing {args.sample_us:g} us each, "
             f"batch size {args.batch_size} per process"
         )
-        print(f"{'loader':45s} {'epoch (ms)':>11s} {'vs plain':>9s}")
-        for name, t, ratio in rows:
-            print(f"{name:45s} {t * 1e3:11.1f} {ratio:8.2f}x")
+        print(f"{'loader':45s} {'epoch (ms)':>11s} {'vs plain':>9s} {'vs floor':>9s}")
+        for name, t, ratio, over_floor in rows:
+            extra = "" if over_floor is None else f" {over_floor:8.2f}x"
+            print(f"{name:45s} {t * 1e3:11.1f} {ratio:8.2f}x{extra}")
         for name, t in skips:
             print(f"{name:60s} {t * 1e3:8.1f} ms")
     from accelerando import PartialState as OurState

@@ -1,7 +1,8 @@
 """`dispatch_batches=True`: rank 0 reads the data and sends each rank only its own piece.
 
 Rank 0 loads every rank's batch and hands it to `transport` (receivers on its host copy it out of
-rank 0's memory; others get it over gloo), a few batches ahead of each receiver.
+rank 0's memory; others get it over gloo), at most a few batches ahead of each receiver, and none
+when the pass's length is known.
 Ranks get exactly the batches the non-dispatch sharding gives them (`sharding`), including a short
 or missing final batch. As in Accelerate, with `split_batches=True` rank 0 collates the whole
 step's batch once and slices it (`slice_fn_for_dispatch`); otherwise it collates each rank's batch

@@ -1,4 +1,4 @@
-"""Prepared data loaders: one pass = look ahead one batch, place it, keep the gradient state informed.
+"""Prepared data loaders: one pass = yield each batch, flag the last, keep the gradient state informed.
 
 `PreparedLoaderMixin` holds everything a prepared loader promises the rest of the library
 (`end_of_dataloader`, `remainder`, `batches_yielded`, exact `len`, `set_epoch`, `state_dict`); the
