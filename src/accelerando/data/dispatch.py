@@ -64,6 +64,8 @@ class DispatchBatchSampler(BatchSamplerShard):
     """Rank 0's index stream: whole global batches (torch `BatchSampler` with `split_batches`), else
     each rank's batch in rank order, one round after another (a custom batch sampler is kept)."""
 
+    pass_counts: list[int] | None = None  # each rank's batches in the pass begun last, when its start knew
+
     @property
     def global_batches(self) -> bool:
         """True when rank 0 loads whole global batches and slices them."""
@@ -86,7 +88,7 @@ class DispatchBatchSampler(BatchSamplerShard):
     def __iter__(self) -> Iterator[list[int]]:
         spec, skip = self.spec, self.skip
         self.remainder = 0
-        self.pass_counts: list[int] | None = None  # each rank's batches in the pass begun last, if known
+        self.pass_counts = None
         if self.plain:
             indices = list(self.batch_sampler.sampler)
             self.remainder = sh.remainder(len(indices), spec)
@@ -94,10 +96,8 @@ class DispatchBatchSampler(BatchSamplerShard):
                 max(sh.num_batches(len(indices), spec.for_rank(r)) - skip, 0)
                 for r in range(self.num_processes)
             ]
-            self.pass_batches = self.pass_counts[0]
             chunks = (chunk for chunk, _ in sh.iter_global_batches(indices, spec, skip))
             return chunks if self.global_batches else _pieces(chunks, spec)
-        self.pass_batches = None
         return self._iter_rounds(spec, skip)
 
     def _iter_rounds(self, spec: sh.ShardSpec, skip: int) -> Iterator[list[int]]:
@@ -256,7 +256,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
             return self._receive()
         self._shard.skip = 0 if restoring else start
         inner = iter(super(PreparedLoaderMixin, self).__iter__())
-        counts = None if restoring else getattr(self._shard, "pass_counts", None)
+        counts = None if restoring else getattr(self._shard, "pass_counts", None)  # none for a stream
         self._pass_batches = None if counts is None else counts[0]
         return self._produce(inner, self._shard.global_batches, counts)
 
