@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
 from accelerando.config.options import DataLoaderConfiguration as Config
 from accelerando.data import sharding as sh
@@ -143,6 +143,20 @@ def test_shuffle_never_draws_from_global_rng_and_set_epoch_reshuffles() -> None:
     assert [b.tolist() for b in loader] == first
     loader.set_epoch(1)
     assert [b.tolist() for b in loader] == second
+
+
+@pytest.mark.parametrize(
+    "n, num_samples, replacement",
+    [(10, None, False), (10, 25, False), (10, 30, False), (10, 4, False), (10, None, True), (10, 70, True)],
+)
+def test_seedable_order_is_torch_random_sampler_at_seed_plus_epoch(n, num_samples, replacement) -> None:
+    """The order Accelerate's sampler of the same name gives: torch's, from a generator at seed + epoch."""
+    ours = SeedableRandomSampler(range(n), data_seed=7, num_samples=num_samples, replacement=replacement)
+    for epoch in (0, 3):
+        ours.set_epoch(epoch)
+        gen = torch.Generator().manual_seed(7 + epoch)
+        reference = RandomSampler(range(n), num_samples=num_samples, replacement=replacement, generator=gen)
+        assert list(ours) == list(reference)
 
 
 def test_seed_follows_set_seed_without_data_seed() -> None:
