@@ -120,6 +120,15 @@ class ShmWriter:
         """Block until the receiver has consumed every message sent so far."""
         while self.ring.unread():
             time.sleep(_POLL_INTERVAL)
+        self._forget_read()
+
+    def _forget_read(self) -> None:
+        """Unlink the slot files the receiver has read a message in (so it has them mapped): a
+        job killed later, between passes or by torchrun after another rank failed, leaves them not."""
+        for path, first in list(self.fresh.items()) if self.fresh else ():
+            if first < int(self.ring.ack[_CONSUMED]):
+                self.forget(path)
+                del self.fresh[path]
 
     def slot(self, size: int) -> tuple[int, int, int, torch.Tensor]:
         """(seq, slot, generation, buffer) for the next message, once the receiver freed that slot."""
@@ -128,10 +137,7 @@ class ShmWriter:
         while int(ring.ack[_CONSUMED]) < seq - SLOTS + 1:
             time.sleep(_POLL_INTERVAL)
         ring.reclaim()
-        for path, first in list(self.fresh.items()) if self.fresh else ():
-            if first < int(ring.ack[_CONSUMED]):  # the receiver read a message in it, so it has it mapped
-                self.forget(path)
-                del self.fresh[path]
+        self._forget_read()
         view = self.views[slot]
         if view is None or self.arrays[slot].size < size:
             self.forget(f"{self.base}-{slot}-{self.gens[slot]}")

@@ -63,3 +63,22 @@ def test_release_frees_the_slot_for_the_writer() -> None:
     for _ in range(shm_ring.SLOTS):
         reader.release(reader.control()[4])
     assert not writer.ring.unread()
+
+
+def test_slot_files_are_unlinked_once_read_and_the_pass_waited_for() -> None:
+    """Nothing stays in /dev/shm after a pass (a job killed between passes skips every finalizer)."""
+    writer, reader = _pair(spin=True)
+    for opened in ("ack", "ctl"):  # as the channel does once every receiver has them open
+        writer.forget(f"{writer.base}-{opened}")
+    for payload in (b"first", b"second"):
+        seq, slot, gen, view = writer.slot(len(payload))
+        writer.arrays[slot][: len(payload)] = memoryview(payload)
+        writer.control([0, 0, len(payload), -1, seq, slot, gen, 0])
+    got = []
+    for _ in range(2):
+        _, _, total, _, seq, slot, gen, _ = reader.control()
+        got.append(reader.view(slot, gen, total).numpy().tobytes())
+        reader.release(seq)
+    writer.wait_read()
+    assert got == [b"first", b"second"]
+    assert not [name for name in os.listdir(SHM_DIR) if name.startswith(os.path.basename(writer.base))]
