@@ -67,7 +67,7 @@ class SeedableRandomSampler(RandomSampler):
         perms = [torch.randperm(n, generator=gen) for _ in range(total // n)]
         if total % n:
             perms.append(torch.randperm(n, generator=gen)[: total % n])
-        return (perms[0] if len(perms) == 1 else torch.cat(perms)).tolist() if perms else []
+        return torch.cat(perms).tolist()  # never empty: RandomSampler refuses num_samples < 1
 
 
 def _set_epoch(obj: Any, epoch: int) -> None:

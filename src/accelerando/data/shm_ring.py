@@ -123,8 +123,8 @@ class ShmWriter:
         self._forget_read()
 
     def _forget_read(self) -> None:
-        """Unlink the slot files the receiver has read a message in (so it has them mapped): a
-        job killed later, between passes or by torchrun after another rank failed, leaves them not."""
+        """Unlink the slot files the receiver has read a message in (it has them mapped), so that
+        a job killed later (between passes, or by torchrun after another rank failed) leaves none."""
         for path, first in list(self.fresh.items()) if self.fresh else ():
             if first < int(self.ring.ack[_CONSUMED]):
                 self.forget(path)
