@@ -7,6 +7,8 @@ failure with whatever the ranks printed.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -50,17 +52,45 @@ def run_distributed(
     child_env = {**config_env.snapshot(), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     child_env.update(env or {})
     cmd = torchrun_command(script, args, nproc)
+    agent = subprocess.Popen(
+        cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
-        proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as err:
-        out = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-        errs = (err.stderr or b"").decode() if isinstance(err.stderr, bytes) else (err.stderr or "")
+        out, errs = agent.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(agent.pid)  # torchrun starts each rank in a session of its own: kill them too
+        out, errs = agent.communicate()
         raise AssertionError(
             f"{script} timed out after {timeout}s\n--- stdout\n{out}\n--- stderr\n{errs}"
         ) from None
+    proc = subprocess.CompletedProcess(cmd, agent.returncode, out, errs)
     if (proc.returncode == 0) != expect_success:
         raise AssertionError(
             f"{script} exited {proc.returncode} (expected {'0' if expect_success else 'non-zero'})\n"
             f"--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-12000:]}"
         )
     return proc
+
+
+def _kill_tree(root: int) -> None:
+    """SIGKILL `root`'s process group and that of every descendant (Linux: read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    todo, tree = [root], []
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    for pid in tree:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
