@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -59,7 +58,6 @@ class Runtime:
     backend: str | None
     distributed_type: DistributedType
     settings: env.EnvSettings
-    owns_process_group: bool = False
     mixed_precision: str = "no"
     precision: Precision | None = None
     strategy: Strategy | None = None
@@ -89,10 +87,10 @@ def _select_device(
     return kind, kind.torch_device(index)
 
 
-def _init_process_group(topology: ProcessTopology, backend: str, kwargs: InitProcessGroupKwargs) -> bool:
-    """Join the job's process group unless the user already did; True when we created it."""
+def _init_process_group(topology: ProcessTopology, backend: str, kwargs: InitProcessGroupKwargs) -> None:
+    """Join the job's process group unless the user already did."""
     if dist.is_initialized():
-        return False
+        return
     timeout = kwargs.timeout or timedelta(minutes=10 if backend == "nccl" else 30)
     if kwargs.init_method is not None:
         init_method = kwargs.init_method
@@ -107,18 +105,24 @@ def _init_process_group(topology: ProcessTopology, backend: str, kwargs: InitPro
         world_size=topology.world_size,
         timeout=timeout,
     )
-    return True
 
 
 _FAILED = False
+_DISTRIBUTED = False  # a distributed runtime was created in this process (survives reset_runtime)
+_TEARDOWNS = 0  # teardowns so far in this process: each meets under store keys of its own
 
 
 def _teardown_at_exit() -> None:
-    """Destroy our process group before interpreter shutdown; gloo aborts the process otherwise."""
-    runtime = _RUNTIME
-    if runtime is None or not runtime.owns_process_group or not dist.is_initialized():
-        return
-    destroy_default_group(meet=not _FAILED)
+    """Destroy the default process group while the interpreter is still whole.
+
+    A gloo group still alive when Python finalizes aborts the process ("terminate called without an
+    active exception"): its worker threads still hold work whose tensors reference Python objects.
+    This runs for any group still initialized in a process that used a distributed runtime, whoever
+    created it and however many times the runtime was reset, so a clean exit never depends on who
+    owns the group.
+    """
+    if _DISTRIBUTED and dist.is_initialized():
+        destroy_default_group(meet=not _FAILED)
 
 
 def destroy_default_group(meet: bool = True) -> None:
@@ -127,18 +131,21 @@ def destroy_default_group(meet: bool = True) -> None:
     On gloo the ranks first meet at a bounded barrier, so no rank closes its connections while a
     peer is still finishing its last collective (that too aborts the peer), and meet again through
     the store once every rank has destroyed its group, so no rank exits, closing its sockets, while
-    a peer is still tearing down (about one exit in thirty aborted without this). A rank that is
-    exiting because of an uncaught error passes `meet=False`: its peers are being stopped by the
-    launcher.
+    a peer is still tearing down. Rank 0 leaves that second meeting last: it may host the store's
+    server (`tcp://` and `env://` without torchrun's agent store), and a peer still waiting on a
+    vanished server prints a C++ stack trace. A rank exiting because of an uncaught error passes
+    `meet=False`: its peers are being stopped by the launcher.
     """
+    global _TEARDOWNS
     if not dist.is_initialized():
         return
     meet = meet and dist.get_backend() == "gloo" and dist.get_world_size() > 1
     store = _default_store() if meet else None
-    world = dist.get_world_size()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _TEARDOWNS += 1
     try:
         if meet:
-            dist.monitored_barrier(timeout=timedelta(seconds=30))
+            dist.monitored_barrier(timeout=timedelta(seconds=60))
     except Exception:  # noqa: BLE001 - a peer already left; tear down anyway
         store = None
     try:
@@ -146,7 +153,8 @@ def destroy_default_group(meet: bool = True) -> None:
     except Exception:  # noqa: BLE001 - exiting anyway; never turn a clean exit into a crash
         pass
     if store is not None:
-        _wait_for_everyone(store, world, timeout=10.0)
+        key = f"accelerando/teardown/{env.restart_count()}/{_TEARDOWNS}"
+        _leave_together(store, key, rank, world, timeout=timedelta(seconds=60))
 
 
 def _default_store() -> Any:
@@ -156,17 +164,29 @@ def _default_store() -> Any:
         return None
 
 
-def _wait_for_everyone(store: Any, world: int, timeout: float) -> None:
-    """Count this rank in under one key and wait (bounded) until every rank has."""
-    key = "accelerando/destroyed"
+def _leave_together(store: Any, key: str, rank: int, world: int, timeout: timedelta) -> None:
+    """Wait (bounded) until every rank has destroyed its group; rank 0 returns only after the others.
+
+    Each meeting is a counter plus a flag set by the last rank to count in; waiting on the flag
+    blocks in the store's server, with no polling. After its last store call returns, a rank other
+    than 0 touches the store no more, so rank 0 may then close it.
+    """
     try:
-        deadline = time.monotonic() + timeout
-        count = store.add(key, 1)
-        while count < world and time.monotonic() < deadline:
-            time.sleep(0.005)
-            count = store.add(key, 0)
-    except Exception:  # noqa: BLE001 - a peer's store went away: it has exited already
+        _arrive(store, f"{key}/destroyed", expected=world, timeout=timeout)
+        if rank != 0:
+            _arrive(store, f"{key}/left", expected=world - 1, timeout=None)
+        else:
+            store.wait([f"{key}/left/all"], timeout)
+    except Exception:  # noqa: BLE001 - a peer is gone (killed by the launcher): leave anyway
         pass
+
+
+def _arrive(store: Any, key: str, expected: int, timeout: timedelta | None) -> None:
+    """Count this rank in under `key`; the `expected`-th sets the flag; wait for it unless timeout is None."""
+    if store.add(key, 1) == expected:
+        store.set(f"{key}/all", "1")
+    if timeout is not None:
+        store.wait([f"{key}/all"], timeout)
 
 
 def _install_excepthook(rank: int) -> None:
@@ -194,7 +214,7 @@ def _install_excepthook(rank: int) -> None:
 
 def init_runtime(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None = None) -> Runtime:
     """Create the runtime once per process (idempotent); later calls must agree on `cpu`."""
-    global _RUNTIME
+    global _RUNTIME, _DISTRIBUTED
     settings = env.read_settings()
     cpu = cpu or settings.use_cpu
     if _RUNTIME is not None:
@@ -209,9 +229,9 @@ def init_runtime(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None =
     kind, device = _select_device(cpu, topology, settings)
     backend = init_kwargs.backend or kind.dist_backend
     distributed_type = DistributedType.NO
-    owns = False
     if topology.is_distributed:
-        owns = _init_process_group(topology, backend, init_kwargs)
+        _init_process_group(topology, backend, init_kwargs)
+        _DISTRIBUTED = True
         distributed_type = _MULTI_TYPES.get(kind.type, DistributedType.MULTI_GPU)
         _install_excepthook(topology.rank)
     _RUNTIME = Runtime(
@@ -221,7 +241,6 @@ def init_runtime(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None =
         backend=backend if topology.is_distributed else None,
         distributed_type=distributed_type,
         settings=settings,
-        owns_process_group=owns,
     )
     return _RUNTIME
 
@@ -233,8 +252,8 @@ def require_runtime() -> Runtime:
 def reset_runtime(destroy_process_group: bool = False) -> None:
     """Forget the runtime (tests); optionally tear the process group down too."""
     global _RUNTIME
-    if destroy_process_group and dist.is_initialized():
-        dist.destroy_process_group()
+    if destroy_process_group:
+        destroy_default_group()
     _RUNTIME = None
 
 

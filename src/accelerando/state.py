@@ -164,7 +164,6 @@ class PartialState:
             return
         if group is None or group is dist.group.WORLD:
             _runtime.destroy_default_group()
-            self._rt.owns_process_group = False
         else:
             dist.destroy_process_group(group)
 

@@ -17,6 +17,14 @@ from pathlib import Path
 
 from accelerando.config import env as config_env
 
+# What a rank prints when it dies in C++ or logs a C++ error: never part of a clean run.
+NATIVE_FAILURE_MARKERS = ("terminate called", "Exception raised from", "frame #0:", "Fatal Python error")
+
+
+def native_failures(text: str) -> list[str]:
+    """The lines of `text` that show a native abort or a C++ stack trace."""
+    return [line for line in text.splitlines() if any(marker in line for marker in NATIVE_FAILURE_MARKERS)]
+
 
 def free_port() -> int:
     """A TCP port that was free a moment ago on loopback."""
@@ -48,7 +56,12 @@ def run_distributed(
     env: Mapping[str, str] | None = None,
     expect_success: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `script` on `nproc` ranks; raise AssertionError with the output unless it exits as expected."""
+    """Run `script` on `nproc` ranks; raise AssertionError with the output unless it exits as expected.
+
+    A run expected to succeed must also be clean: a C++ stack trace or abort message in its output
+    fails it, since a job that "fails" after its work is done, or warns from C++ at every exit, is a
+    defect users see.
+    """
     child_env = {**config_env.snapshot(), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     child_env.update(env or {})
     cmd = torchrun_command(script, args, nproc)
@@ -68,6 +81,11 @@ def run_distributed(
         raise AssertionError(
             f"{script} exited {proc.returncode} (expected {'0' if expect_success else 'non-zero'})\n"
             f"--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-12000:]}"
+        )
+    native = native_failures(proc.stdout + proc.stderr) if expect_success else []
+    if native:
+        raise AssertionError(
+            f"{script} exited 0 but printed a native failure: {native[0]!r}\n--- stderr\n{proc.stderr[-12000:]}"
         )
     return proc
 

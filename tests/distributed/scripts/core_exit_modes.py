@@ -1,0 +1,38 @@
+"""Ways a 2-rank script ends; each must exit 0 and print nothing from C++ (issue 17).
+
+Modes: `noprep` (an Accelerator, never `prepare`), `reset` (the runtime reset and rebuilt, as tests
+and notebooks do, then DDP), `user_group` (the user created the process group before the
+Accelerator), `end` (`end_training()`). A hook registered before accelerando is imported runs after
+the library's exit teardown and reports whether the group is gone by then.
+"""
+
+import atexit
+import sys
+
+import torch.distributed as dist
+
+
+def _report() -> None:
+    print(f"EXIT group_alive={dist.is_initialized()}", flush=True)
+
+
+atexit.register(_report)  # registered first, so it runs last
+
+import torch  # noqa: E402
+
+from accelerando import Accelerator  # noqa: E402
+from accelerando.state import reset_runtime  # noqa: E402
+
+mode = sys.argv[1]
+if mode == "user_group":
+    dist.init_process_group("gloo")
+acc = Accelerator(cpu=True)
+if mode == "reset":
+    reset_runtime()
+    acc = Accelerator(cpu=True)
+if mode != "noprep":
+    model = acc.prepare(torch.nn.Linear(2, 2))
+    acc.backward(model(torch.ones(3, 2)).sum())
+print(f"rank {acc.process_index} {mode}", acc.gather(torch.tensor([acc.process_index])).tolist(), flush=True)
+if mode == "end":
+    acc.end_training()
