@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     """Resolve the configuration once, print it with sources, start the agent."""
     from accelerando.config import env as envmod
     from accelerando.launch import torchrun
+    from accelerando.launch.ports import free_port, port_is_free
     from accelerando.launch.settings import resolve
 
     target = torchrun.Target(
@@ -92,11 +93,9 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         config = _load_config(args.config_file)
         detected = _detect()
-        from accelerando.testing.distributed import free_port
-
         resolved = resolve(
             cli_values(args), envmod.snapshot(), config, detected,
-            port_is_free=_port_is_free, free_port=free_port,
+            port_is_free=port_is_free, free_port=free_port,
         )  # fmt: skip
     for w in caught:
         print(f"accelerando launch: warning: {w.message}", file=sys.stderr)
@@ -106,13 +105,3 @@ def run(args: argparse.Namespace) -> int:
         print(report(resolved), file=sys.stderr, flush=True)
     return torchrun.run(resolved, target, detected.device_type)
 
-
-def _port_is_free(port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

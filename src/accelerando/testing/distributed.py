@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from accelerando.config import env as config_env
+from accelerando.launch.ports import free_port
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["free_port", "run_distributed", "torchrun_command"]
 
 
 def torchrun_command(script: str | Path, args: Sequence[str] = (), nproc: int = 2) -> list[str]:
