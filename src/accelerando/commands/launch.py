@@ -76,7 +76,8 @@ def _detect() -> Any:
     )
 
 
-def _compile_backends() -> list[str]:
+def compile_backends() -> list[str]:
+    """Every compile backend torch has registered (imports torch._dynamo: seconds)."""
     import torch._dynamo
 
     return list(torch._dynamo.list_backends(exclude_tags=()))
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         detected = _detect()
         resolved = resolve(
             cli_values(args), envmod.snapshot(), config, detected,
-            port_is_free=port_is_free, free_port=free_port, compile_backends=_compile_backends,
+            port_is_free=port_is_free, free_port=free_port, compile_backends=compile_backends,
         )  # fmt: skip
     if resolved["enable_cpu_affinity"] and target.no_python:
         raise ValueError(

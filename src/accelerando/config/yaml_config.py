@@ -144,7 +144,8 @@ def flatten(data: Mapping[str, Any], path: Path) -> ConfigFile:
     values: dict[str, Any] = {}
     keys: dict[str, str] = {}
     unknown: list[str] = []
-    dist = str(data.get("distributed_type", "NO")).upper()
+    dist = data.get("distributed_type", "NO")
+    dist = "NO" if dist is False else str(dist).upper()  # YAML 1.1 reads an unquoted NO as false
     if dist not in _DISTRIBUTED_TYPES:
         raise ValueError(
             f"config file {str(path)!r}: distributed_type {dist!r} is not one of {', '.join(_DISTRIBUTED_TYPES)}"
