@@ -219,9 +219,9 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
 def _validate_misc(r: Resolved, detected: Detected) -> Resolved:
     if r["monitor_interval"] <= 0:
         raise ValueError(f"monitor_interval={r['monitor_interval']} must be positive (seconds)")
-    for key, value in parse_rdzv_conf(r["rdzv_conf"]).items():
-        if key in RDZV_SECONDS and not _is_number(value):
-            raise ValueError(f"--rdzv_conf {key}={value!r} must be a number of seconds")
+    for key, text in parse_rdzv_conf(r["rdzv_conf"]).items():
+        if key in RDZV_SECONDS and not _is_number(text):
+            raise ValueError(f"--rdzv_conf {key}={text!r} must be a number of seconds")
     parse_tee(r["tee"])
     ip = r["main_process_ip"]
     if ip is not None and (not str(ip).strip() or any(c.isspace() for c in str(ip))):

@@ -58,7 +58,11 @@ def test_an_unquoted_no_from_an_older_file_still_means_no_distribution(tmp_path:
     assert yaml.safe_load(path.read_text())["distributed_type"] is False  # what YAML 1.1 does to it
     loaded = load_config(path)
     assert not any(k in loaded.values for k in ("cpu", "multi_gpu", "use_fsdp", "use_deepspeed"))
-    assert loaded.values["mixed_precision"] is False  # read as "no" by the launcher (test_launch_settings)
+    assert loaded.values["mixed_precision"] == "no"
+    from accelerando.commands.main import main
+
+    assert main(["config", "update", "--config_file", str(path)]) == 0
+    assert "distributed_type: 'NO'" in path.read_text() and "mixed_precision: 'no'" in path.read_text()
 
 
 def test_bad_answers_are_asked_again_naming_the_value_and_what_is_accepted(
