@@ -79,11 +79,13 @@ def coerce(opt: Option, value: Any, where: str) -> Any:
 
 def _check_range(opt: Option, value: Any, where: str) -> None:
     low, high = opt.minimum, opt.maximum
-    if (low is not None and value < low) or (high is not None and value > high):
-        accepted = f"between {low:g} and {high:g}" if low is not None and high is not None else (
-            f"at least {low:g}" if low is not None else f"at most {high:g}"
-        )  # fmt: skip
-        raise ValueError(f"{where}: {opt.name}={value!r} must be {accepted}")
+    if (low is None or value >= low) and (high is None or value <= high):
+        return
+    if low is not None and high is not None:
+        accepted = f"between {low:g} and {high:g}"
+    else:
+        accepted = f"at least {low:g}" if low is not None else f"at most {high:g}"
+    raise ValueError(f"{where}: {opt.name}={value!r} must be {accepted}")
 
 
 def _label(name: str, where: str) -> str:
@@ -298,11 +300,11 @@ def _check_compile_backend(r: Resolved, compile_backends: Callable[[], Collectio
 
 def _check_fsdp(r: Resolved) -> None:
     """Each `FSDP_*` value parsed as the plugin will parse it in every process, then all together."""
+    from accelerando.config import fsdp
+
     exported: dict[str, str] = {}
     for opt in OPTIONS:
         if opt.group == FSDP and opt.env and given(r, opt.name):
-            from accelerando.config import fsdp
-
             text = _text(r[opt.name])
             try:
                 fsdp.check_settings({opt.env: text})
@@ -310,8 +312,6 @@ def _check_fsdp(r: Resolved) -> None:
                 raise ValueError(f"{_label(opt.name, r.sources[opt.name])}: {err}") from None
             exported[opt.env] = text
     if exported:
-        from accelerando.config import fsdp
-
         try:
             fsdp.check_settings(exported)
         except ValueError as err:
