@@ -25,6 +25,7 @@ test: $(VENV)/.installed
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q tests/unit
 
+# CI (.ci/run) runs this before the tests: lint rules, formatting, types.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples

@@ -11,15 +11,13 @@ from typing import Any
 
 from accelerando.config import env as envmod
 from accelerando.launch.flags import BY_NAME
+from accelerando.launch.ports import free_port, port_is_free
 
 __all__ = ["debug_launcher", "notebook_launcher"]
 
 
 def _free_or(port: int) -> int:
-    from accelerando.commands.launch import _port_is_free
-    from accelerando.testing.distributed import free_port
-
-    return port if _port_is_free(port) else free_port()
+    return port if port_is_free(port) else free_port()
 
 
 def _local_device_count() -> tuple[str, int]:
@@ -84,7 +82,6 @@ def notebook_launcher(
 def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (), num_processes: int = 2) -> None:
     """Run `function(*args)` on `num_processes` CPU processes (gloo), for tests and debugging."""
     from accelerando.launch.spawn import launch_function
-    from accelerando.testing.distributed import free_port
 
     env = {"ACCELERANDO_USE_CPU": "true", "ACCELERANDO_MIXED_PRECISION": "no", "FORK_LAUNCHED": "1"}
     launch_function(function, args, num_processes, env=env, endpoint=f"127.0.0.1:{free_port()}")

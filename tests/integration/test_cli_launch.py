@@ -205,3 +205,25 @@ def test_notebook_and_debug_launcher_reraise_in_caller(tmp_path: Path) -> None:
         == 2
     )
     assert "CAUGHT Boom('rank one exploded') on-rank-1=True" in proc.stdout
+
+
+def test_cpu_affinity_and_threads_reach_each_process(tmp_path: Path) -> None:
+    """--enable_cpu_affinity pins each local rank to its own share; OMP_NUM_THREADS reaches torch."""
+    proc = run_cli(
+        ["launch", "-q", "--cpu", "--num_processes", "2", "--enable_cpu_affinity",
+         "--num_cpu_threads_per_process", "1", "cli_pinning.py"],
+        clean_env(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    ranks = sorted(
+        (json.loads(line[8:]) for line in proc.stdout.splitlines() if line.startswith("PINNING ")),
+        key=lambda r: r["local_rank"],
+    )
+    allowed = sorted(os.sched_getaffinity(0))
+    shares = [r["cores"] for r in ranks]
+    assert len(shares) == 2 and all(r["threads"] == 1 for r in ranks)
+    if len(allowed) >= 2:
+        half = len(allowed) // 2
+        assert shares == [allowed[:half], allowed[half:]]
+    else:
+        assert shares == [allowed, allowed]

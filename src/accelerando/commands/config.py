@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,9 @@ _KINDS = {
     "1": ("NO", "one process (no distributed training)"),
     "2": ("MULTI_CPU", "several CPU processes (gloo)"),
     "3": ("MULTI_GPU", "several GPUs / accelerators (DDP)"),
-    "4": ("FSDP", "FSDP"),
-    "5": ("DEEPSPEED", "DeepSpeed"),
+    "4": ("FSDP", "FSDP (parameters sharded with FSDP2)"),
 }
+_NOT_YET = {"5": "DeepSpeed is not available yet in accelerando (issue 21)"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -57,15 +58,20 @@ def ask(
         try:
             return convert(answer)
         except ValueError as err:
-            print(f"  {err}", file=sys.stderr)
-    raise ValueError(f"no valid answer for {prompt!r}")
+            print(f"  {answer!r} is not accepted: {err}", file=sys.stderr)
+    raise ValueError(f"no valid answer for {prompt!r} after 5 tries")
 
 
-def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+def _choice(options: tuple[str, ...], refused: Mapping[str, str] | None = None) -> Callable[[str], str]:
+    """One of `options`, any case; answers in `refused` get their reason instead."""
+
     def convert(text: str) -> str:
-        if text not in options:
-            raise ValueError(f"{text!r} is not one of {', '.join(options)}")
-        return text
+        for option in options:
+            if text.lower() == option.lower():
+                return option
+        if refused and text in refused:
+            raise ValueError(refused[text])
+        raise ValueError(f"answer one of {', '.join(options)}")
 
     return convert
 
@@ -73,45 +79,158 @@ def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
 def _yes(text: str) -> bool:
     from accelerando.config.env import parse_bool
 
-    return parse_bool(text, "answer")
+    try:
+        return parse_bool(text, "answer")
+    except ValueError:
+        raise ValueError("answer yes or no") from None
+
+
+def _option(name: str, check: Callable[[Any], None] | None = None) -> Callable[[str], Any]:
+    """An answer parsed as `accelerando launch` parses option `name`: same type, choices and range."""
+    from accelerando.launch.flags import BY_NAME
+    from accelerando.launch.settings import coerce
+
+    def convert(text: str) -> Any:
+        value = coerce(BY_NAME[name], text, "answer")
+        if check is not None:
+            check(value)
+        return value
+
+    return convert
+
+
+def _fsdp_check(name: str) -> Callable[[Any], None]:
+    """The FSDP plugin's own check of launch option `name` (e.g. fsdp_version must be 1 or 2)."""
+    from accelerando.config.fsdp import check_settings
+    from accelerando.launch.flags import BY_NAME
+
+    variable = BY_NAME[name].env or ""
+    return lambda value: check_settings(
+        {variable: str(value).lower() if isinstance(value, bool) else str(value)}
+    )
+
+
+def _host(text: str) -> str:
+    if any(c.isspace() for c in text):
+        raise ValueError("give one host name or IP address, without spaces")
+    return text
+
+
+def _class_names(text: str) -> str:
+    names = [n.strip() for n in text.split(",")]
+    bad = [n for n in names if not n.isidentifier()]
+    if bad:
+        raise ValueError(f"{', '.join(map(repr, bad))} not a class name; give names like BertLayer,GPT2Block")
+    return ",".join(names)
+
+
+def _machines(cfg: dict[str, Any], read: Callable[[str], str]) -> None:
+    cfg["num_machines"] = machines = ask("how many machines?", 1, _option("num_machines"), read)
+    if machines > 1:
+
+        def rank_below(value: int) -> None:
+            if value >= machines:
+                raise ValueError(f"machine ranks are 0 to {machines - 1}")
+
+        cfg["machine_rank"] = ask("rank of this machine", 0, _option("machine_rank", rank_below), read)
+        cfg["main_process_ip"] = ask("IP address or host name of machine 0", "127.0.0.1", _host, read)
+        cfg["main_process_port"] = ask("port on machine 0", 29500, _option("main_process_port"), read)
+        cfg["rdzv_backend"] = ask("rendezvous (c10d or static)", "c10d", _option("rdzv_backend"), read)
+
+    def multiple(value: int) -> None:
+        if value % machines:
+            raise ValueError(f"the total over {machines} machines must be a multiple of {machines}")
+
+    cfg["num_processes"] = ask(
+        "total processes over all machines", 2 * machines, _option("num_processes", multiple), read
+    )
+
+
+def _fsdp_section(read: Callable[[str], str]) -> dict[str, Any]:
+    from accelerando.config.fsdp import FULL_STATE_DICT, SHARDED_STATE_DICT
+
+    def fsdp(name: str) -> Callable[[str], Any]:
+        return _option(name, _fsdp_check(name))
+
+    section: dict[str, Any] = {"fsdp_version": ask("FSDP version (1 or 2)", 2, fsdp("fsdp_version"), read)}
+    policies = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+    policy = section["fsdp_auto_wrap_policy"] = ask(
+        f"auto wrap policy ({', '.join(policies)})", policies[0], _choice(policies), read
+    )
+    if policy == "TRANSFORMER_BASED_WRAP":
+        names = ask("layer classes to wrap, comma separated (empty: the model's own)", "", _class_names, read)
+        if names:
+            section["fsdp_transformer_layer_cls_to_wrap"] = names
+    elif policy == "SIZE_BASED_WRAP":
+        section["fsdp_min_num_params"] = ask(
+            "minimum parameters per wrapped module", 100_000_000, fsdp("fsdp_min_num_params"), read
+        )
+    types = (SHARDED_STATE_DICT, FULL_STATE_DICT)
+    section["fsdp_state_dict_type"] = ask(
+        f"state dict type ({', '.join(types)})", types[0], _choice(types), read
+    )
+    section["fsdp_offload_params"] = ask("offload parameters to CPU?", "no", _yes, read)
+    section["fsdp_activation_checkpointing"] = ask("activation checkpointing?", "no", _yes, read)
+    return section
+
+
+def _registered_backend(name: str) -> None:
+    """Backends beyond torch's built-in ones must be registered here (a package may provide them)."""
+    from accelerando.commands.launch import compile_backends
+    from accelerando.launch.settings import BUILTIN_COMPILE_BACKENDS
+
+    if name not in BUILTIN_COMPILE_BACKENDS and name not in (available := compile_backends()):
+        raise ValueError(
+            f"torch has no compile backend {name!r} here; registered: {', '.join(sorted(available))}"
+        )
 
 
 def questionnaire(read: Callable[[str], str] = input) -> dict[str, Any]:
-    """The questions `accelerando config` asks, as a config mapping."""
-    print("Which kind of training?\n" + "\n".join(f"  {k}) {label}" for k, (_, label) in _KINDS.items()))
-    kind = _KINDS[ask("choice", "1", _choice(tuple(_KINDS)), read)][0]
+    """The questions `accelerando config` asks, as a config mapping; each answer checked as given.
+
+    Answers go through the same parsers `accelerando launch` applies to the file, and only the
+    questions that apply are asked (no process count for one process, no FSDP layout without FSDP).
+    """
+    menu = [f"  {k}) {label}" for k, (_, label) in _KINDS.items()]
+    menu += [f"  ({k}: {why})" for k, why in _NOT_YET.items()]
+    print("Which kind of training?\n" + "\n".join(menu))
+    kind = _KINDS[ask("choice", "1", _choice(tuple(_KINDS), _NOT_YET), read)][0]
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "distributed_type": kind, "debug": False}
-    cfg["use_cpu"] = kind == "MULTI_CPU" or (kind == "NO" and ask("run on CPU only?", "no", _yes, read))
-    cfg["num_machines"] = ask("how many machines?", 1, int, read) if kind != "NO" else 1
-    if cfg["num_machines"] > 1:
-        cfg["machine_rank"] = ask("rank of this machine", 0, int, read)
-        cfg["main_process_ip"] = ask("IP address of machine 0", "127.0.0.1", str, read)
-        cfg["main_process_port"] = ask("port on machine 0", 29500, int, read)
-        cfg["rdzv_backend"] = ask("rendezvous (c10d or static)", "c10d", _choice(("c10d", "static")), read)
-    cfg["num_processes"] = ask("total processes over all machines", 2 if kind != "NO" else 1, int, read)
+    if kind == "NO":
+        cfg["use_cpu"] = ask("run on CPU only?", "no", _yes, read)
+        cfg["num_machines"], cfg["num_processes"] = 1, 1
+    else:
+        cfg["use_cpu"] = kind == "MULTI_CPU"
+        _machines(cfg, read)
     if kind == "FSDP":
-        cfg["fsdp_config"] = {
-            "fsdp_version": ask("FSDP version (1 or 2)", 2, int, read),
-            "fsdp_auto_wrap_policy": ask("auto wrap policy", "TRANSFORMER_BASED_WRAP", str, read),
-            "fsdp_state_dict_type": ask("state dict type", "SHARDED_STATE_DICT", str, read),
-        }
-    if kind == "DEEPSPEED":
-        cfg["deepspeed_config"] = {
-            "zero_stage": ask("ZeRO stage (0-3)", 2, int, read),
-            "gradient_accumulation_steps": ask("gradient accumulation steps", 1, int, read),
-        }
-    cfg["mixed_precision"] = ask("mixed precision (no, fp16, bf16, fp8)", "no", _choice(("no", "fp16", "bf16", "fp8")),
-                                 read)  # fmt: skip
-    backend = ask("torch.compile backend (no, inductor, eager, aot_eager, ...)", "no", str, read)
+        cfg["fsdp_config"] = _fsdp_section(read)
+    cfg["mixed_precision"] = ask(
+        "mixed precision (no, fp16, bf16, fp8)", "no", _option("mixed_precision"), read
+    )
+    prompt = "torch.compile backend (no, inductor, eager, aot_eager, cudagraphs, ...)"
+    backend = ask(prompt, "no", _option("dynamo_backend", _registered_backend), read)
     if backend != "no":
-        cfg["dynamo_config"] = {"dynamo_backend": backend}
+        mode = ask("torch.compile mode", "default", _option("dynamo_mode"), read)
+        cfg["dynamo_config"] = {"dynamo_backend": backend.upper(), "dynamo_mode": mode}
+    return cfg
+
+
+def check_launchable(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The answers, once more as `accelerando launch` will read them from the file (a ValueError if not)."""
+    from accelerando.config.yaml_config import flatten, migrate
+    from accelerando.launch.settings import Detected, resolve
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. "no accelerator here": the file may be for another machine
+        resolve({}, {}, flatten(migrate(cfg), path), Detected())
     return cfg
 
 
 def run_questionnaire(args: argparse.Namespace) -> int:
     from accelerando.config.yaml_config import save_config
 
-    path = save_config(questionnaire(), _target(args.config_file))
+    target = _target(args.config_file)
+    path = save_config(check_launchable(questionnaire(), target), target)
     print(f"accelerando config: written to {path}")
     return 0
 

@@ -26,6 +26,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     for opt in OPTIONS:
         group = groups.get(opt.group) or groups.setdefault(opt.group, parser.add_argument_group(opt.group))
         help_text = opt.help + (f" (default: {opt.default})" if opt.default not in (None, "") else "")
+        if opt.refused:
+            help_text += f" [refused: {opt.refused.split(';')[0]}]"
         if opt.kind == "switch":
             add_flag(
                 group, opt.name, opt.short, action="store_true", default=argparse.SUPPRESS, help=help_text
@@ -58,6 +60,8 @@ def cli_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _detect() -> Any:
+    import importlib.util
+
     import psutil
 
     from accelerando.devices.registry import accelerator_device
@@ -66,7 +70,17 @@ def _detect() -> Any:
     device = accelerator_device()
     cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
     count = device.device_count() if device.type != "cpu" else 0
-    return Detected(device_type=device.type, device_count=count, cpu_cores=int(cores))
+    has_torchao = importlib.util.find_spec("torchao") is not None
+    return Detected(
+        device_type=device.type, device_count=count, cpu_cores=int(cores), has_torchao=has_torchao
+    )
+
+
+def compile_backends() -> list[str]:
+    """Every compile backend torch has registered (imports torch._dynamo: seconds)."""
+    import torch._dynamo
+
+    return list(torch._dynamo.list_backends(exclude_tags=()))
 
 
 def _load_config(path: str | None) -> Any:
@@ -80,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     """Resolve the configuration once, print it with sources, start the agent."""
     from accelerando.config import env as envmod
     from accelerando.launch import torchrun
+    from accelerando.launch.ports import free_port, port_is_free
     from accelerando.launch.settings import resolve
 
     target = torchrun.Target(
@@ -92,12 +107,15 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         config = _load_config(args.config_file)
         detected = _detect()
-        from accelerando.testing.distributed import free_port
-
         resolved = resolve(
             cli_values(args), envmod.snapshot(), config, detected,
-            port_is_free=_port_is_free, free_port=free_port,
+            port_is_free=port_is_free, free_port=free_port, compile_backends=compile_backends,
         )  # fmt: skip
+    if resolved["enable_cpu_affinity"] and target.no_python:
+        raise ValueError(
+            "--enable_cpu_affinity pins Python processes in accelerando's worker bootstrap; an executable "
+            "started with --no_python does not go through it (pin it yourself, e.g. with taskset)"
+        )
     for w in caught:
         print(f"accelerando launch: warning: {w.message}", file=sys.stderr)
     if not args.quiet:
@@ -105,14 +123,3 @@ def run(args: argparse.Namespace) -> int:
 
         print(report(resolved), file=sys.stderr, flush=True)
     return torchrun.run(resolved, target, detected.device_type)
-
-
-def _port_is_free(port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

@@ -78,6 +78,9 @@ class EnvSettings:
     dynamo_regional: bool | None = None
     use_fsdp: bool = False
     use_deepspeed: bool = False
+    fp8_backend: str | None = None
+    fp8_pad_inner_dim: bool | None = None
+    fp8_enable_fsdp_float8_all_gather: bool | None = None
     torch_device: str | None = None
     debug_mode: bool = False
     enable_rich: bool = False
@@ -104,6 +107,9 @@ def read_settings(env: Mapping[str, str] | None = None) -> EnvSettings:
         dynamo_regional=_optional_flag("DYNAMO_USE_REGIONAL_COMPILATION", env),
         use_fsdp=flag("USE_FSDP", env=env),
         use_deepspeed=flag("USE_DEEPSPEED", env=env),
+        fp8_backend=(lookup("FP8_BACKEND", env) or "").strip().lower() or None,
+        fp8_pad_inner_dim=_optional_flag("FP8_PAD_INNER_DIM", env),
+        fp8_enable_fsdp_float8_all_gather=_optional_flag("FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", env),
         torch_device=lookup("TORCH_DEVICE", env) or None,
         debug_mode=flag("DEBUG_MODE", env=env),
         enable_rich=flag("ENABLE_RICH", env=env),

@@ -9,6 +9,7 @@ variables that `accelerando launch` (or `accelerate launch`) exports, through `c
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -107,7 +108,7 @@ def fsdp_config_to_env(config: Mapping[str, Any]) -> dict[str, str]:
         else:
             text = str(value)
         out[YAML_KEYS[key]] = text
-    settings_from_env(out)  # parse once so a bad value fails where the file is read
+    check_settings(out)  # parse once so a bad value fails where the file is read
     return out
 
 
@@ -128,6 +129,54 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any
         else:
             found[field_name] = value.strip()
     return found
+
+
+def check_settings(environ: Mapping[str, str]) -> None:
+    """Parse `FSDP_*` values exactly as the plugin will in each process, so a bad one fails before launch.
+
+    Pure (reads only `environ`); errors name the setting and what is accepted.
+    """
+    found = settings_from_env(environ)
+    for name, value in found.items():
+        check = _FIELD_CHECKS.get(name)
+        if check is not None:
+            check(value)
+    _check_ram_efficient_loading(found.get("cpu_ram_efficient_loading"), found.get("sync_module_states"))
+
+
+def _check_version(value: Any) -> None:
+    if str(value) not in ("1", "2"):
+        raise ValueError(f"fsdp_version must be 1 or 2, got {value!r}")
+
+
+def _check_backward_prefetch(value: Any) -> str:
+    name = _enum_name(value)
+    if name not in BACKWARD_PREFETCH:
+        raise ValueError(f"backward_prefetch {name!r} unknown; accepted: {', '.join(BACKWARD_PREFETCH)}")
+    return name
+
+
+def _check_min_num_params(value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"min_num_params must be a non-negative integer, got {value!r}")
+
+
+def _check_ignored_modules(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            re.compile(value)
+        except re.error as err:
+            raise ValueError(
+                f"ignored_modules {value!r} is not a regular expression over module names: {err}"
+            ) from None
+
+
+def _check_ram_efficient_loading(cpu_ram_efficient_loading: Any, sync_module_states: Any) -> None:
+    if cpu_ram_efficient_loading and sync_module_states is False:
+        raise ValueError(
+            "cpu_ram_efficient_loading=True needs sync_module_states=True: ranks other than 0 hold no "
+            "weights and receive rank 0's"
+        )
 
 
 def _enum_name(value: Any) -> str:
@@ -264,6 +313,19 @@ def _parse_names(value: Any) -> list[str] | None:
     return names or None
 
 
+# Plugin field -> the check `check_settings` runs on a launcher-given value (the plugin's own parsers).
+_FIELD_CHECKS: dict[str, Callable[[Any], object]] = {
+    "fsdp_version": _check_version,
+    "sharding_strategy": lambda value: _reshard_from_strategy(_enum_name(value)),
+    "reshard_after_forward": _parse_reshard,
+    "backward_prefetch": _check_backward_prefetch,
+    "auto_wrap_policy": _parse_wrap_policy,
+    "state_dict_type": _parse_state_dict_type,
+    "min_num_params": _check_min_num_params,
+    "ignored_modules": _check_ignored_modules,
+}
+
+
 @dataclass
 class FullyShardedDataParallelPlugin:
     """Accelerate's FSDP plugin, implemented with FSDP2. See docs/fsdp.md for each field."""
@@ -304,23 +366,16 @@ class FullyShardedDataParallelPlugin:
         )
         self.set_state_dict_type(self.state_dict_type)
         self.transformer_cls_names_to_wrap = _parse_names(self.transformer_cls_names_to_wrap)
-        if self.min_num_params is not None and (
-            not isinstance(self.min_num_params, int) or self.min_num_params < 0
-        ):
-            raise ValueError(f"min_num_params must be a non-negative integer, got {self.min_num_params!r}")
+        _check_min_num_params(self.min_num_params)
+        _check_ignored_modules(self.ignored_modules)
         self.activation_checkpointing = bool(self.activation_checkpointing)
         self.cpu_ram_efficient_loading = bool(self.cpu_ram_efficient_loading)
-        if self.cpu_ram_efficient_loading and self.sync_module_states is False:
-            raise ValueError(
-                "cpu_ram_efficient_loading=True needs sync_module_states=True: ranks other than 0 hold no "
-                "weights and receive rank 0's"
-            )
+        _check_ram_efficient_loading(self.cpu_ram_efficient_loading, self.sync_module_states)
         self.sync_module_states = bool(self.sync_module_states) or self.cpu_ram_efficient_loading
 
     def _resolve_version_and_sharding(self) -> None:
         version = 2 if self.fsdp_version is None else self.fsdp_version
-        if str(version) not in ("1", "2"):
-            raise ValueError(f"fsdp_version must be 1 or 2, got {self.fsdp_version!r}")
+        _check_version(version)
         if int(version) == 1:
             warn_once(
                 "fsdp_version=1: accelerando implements FSDP with FSDP2 (fully_shard); FSDP1 settings are "
@@ -342,11 +397,7 @@ class FullyShardedDataParallelPlugin:
 
     def _resolve_fsdp1_options(self) -> None:
         if self.backward_prefetch is not None:
-            name = _enum_name(self.backward_prefetch)
-            if name not in BACKWARD_PREFETCH:
-                raise ValueError(
-                    f"backward_prefetch {name!r} unknown; accepted: {', '.join(BACKWARD_PREFETCH)}"
-                )
+            name = _check_backward_prefetch(self.backward_prefetch)
             if name != "BACKWARD_PRE":
                 warn_once(
                     f"backward_prefetch={name} has no effect: FSDP2 always prefetches the next block's "

@@ -121,6 +121,41 @@ def _gradient_plugin(steps: int, plugin: GradientAccumulationPlugin | None, sett
     return resolved
 
 
+def _refuse_unavailable(settings: env.EnvSettings) -> None:
+    """A launcher (ours or Accelerate's) asked for something accelerando cannot do yet: say so, never
+    train something else silently."""
+    if settings.use_deepspeed:
+        raise ValueError(
+            "the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED/ACCELERANDO_USE_DEEPSPEED is true): "
+            "DeepSpeed is not available yet in accelerando (issue 21)"
+        )
+
+
+def _fp8_recipe(
+    precision: str, given: AORecipeKwargs | None, settings: env.EnvSettings
+) -> AORecipeKwargs | None:
+    """The torchao recipe from the launcher's fp8 settings, unless the script passed its own."""
+    if precision != "fp8":
+        return given
+    if settings.fp8_backend not in (None, "ao"):
+        raise ValueError(
+            f"fp8 backend {settings.fp8_backend!r} (ACCELERANDO_FP8_BACKEND) is not available yet in "
+            "accelerando (issue 22); accepted: ao (torchao)"
+        )
+    options = {
+        "pad_inner_dim": settings.fp8_pad_inner_dim,
+        "enable_fsdp_float8_all_gather": settings.fp8_enable_fsdp_float8_all_gather,
+    }
+    options = {k: v for k, v in options.items() if v is not None}
+    if given is not None or not options:
+        return given
+    try:
+        from torchao.float8 import Float8LinearConfig
+    except ImportError as err:
+        raise ImportError("mixed_precision='fp8' needs torchao: pip install 'accelerando[fp8]'") from err
+    return AORecipeKwargs(config=Float8LinearConfig(**options))
+
+
 def _dynamo(backend: Any, plugin: TorchDynamoPlugin | None, settings: env.EnvSettings) -> TorchDynamoPlugin:
     if backend is not None and plugin is not None:
         raise ValueError("pass either dynamo_backend or dynamo_plugin, not both")
@@ -154,10 +189,12 @@ def resolve(
     settings: env.EnvSettings,
 ) -> ResolvedConfig:
     """Validate everything before any work starts; errors name the value and what is accepted."""
+    _refuse_unavailable(settings)
     handlers = sort_handlers(kwargs_handlers)
     precision = validate_mixed_precision(
         mixed_precision if mixed_precision is not None else settings.mixed_precision
     )
+    handlers = dataclasses.replace(handlers, fp8=_fp8_recipe(precision, handlers.fp8, settings))
     if handlers.fp8 is not None and precision != "fp8":
         raise ValueError(
             f"an fp8 recipe (AORecipeKwargs) was given but mixed_precision is {precision!r}; use 'fp8'"

@@ -110,7 +110,8 @@ def read_mapping(path: Path) -> dict[str, Any]:
 
 
 def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Bring old Accelerate layouts to the current one (legacy `fp16`, top-level `dynamo_backend`)."""
+    """Bring old Accelerate layouts to the current one (legacy `fp16`, top-level `dynamo_backend`,
+    an unquoted `NO` that YAML read as false)."""
     out = dict(data)
     if "fp16" in out:
         fp16 = out.pop("fp16")
@@ -120,6 +121,9 @@ def migrate(data: Mapping[str, Any]) -> dict[str, Any]:
         dynamo = dict(out.get("dynamo_config") or {})
         dynamo.setdefault("dynamo_backend", str(backend).lower())
         out["dynamo_config"] = dynamo
+    for key, no in (("distributed_type", "NO"), ("mixed_precision", "no")):
+        if out.get(key) is False:  # YAML 1.1 reads an unquoted NO / no as false
+            out[key] = no
     out.setdefault("compute_environment", "LOCAL_MACHINE")
     out.setdefault("distributed_type", "NO")
     for section in _SECTIONS:

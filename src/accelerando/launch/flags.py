@@ -1,13 +1,18 @@
 """Every `accelerando launch` setting, described once as data.
 
 One table drives the argument parser, the config-file keys, the environment variable that can set a
-value and the one exported to the training processes. Adding a setting is adding a row.
+value, the one exported to the training processes, the range a number must lie in and, for what
+accelerando cannot do yet, the refusal naming the issue that adds it. Adding a setting is adding a
+row (and a row in tests/unit/launch/test_flags_reach_their_reader.py, which fails until it has one).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from accelerando.config.options import DynamoBackend
 
 # Option kinds: "switch" (store_true flag), "bool" (takes true/false), "int", "float", "str".
 KINDS = ("switch", "bool", "int", "float", "str")
@@ -28,6 +33,11 @@ class Option:
     export: bool = False  # written for the training processes when set
     lower: bool = False  # compare choices case-insensitively and store lower-case
     short: str | None = None  # an extra one-dash spelling, e.g. "-t"
+    minimum: float | None = None  # numbers: smallest accepted value
+    maximum: float | None = None  # numbers: largest accepted value
+    refused: str | None = None  # why any use of the setting stops the launch (what is missing)
+    # values accepted by the parser but refused with a reason (e.g. fp8 backends not available yet)
+    refused_values: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 def _o(name: str, kind: str, group: str, help: str, **kw: Any) -> Option:
@@ -56,10 +66,16 @@ FSDP = "FSDP"
 FP8 = "FP8"
 PARALLEL = "ParallelismConfig"
 
-_DYNAMO_BACKENDS = (
-    "no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi", "fx2trt",
-    "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torhchxla_trace_once", "tvm",
-)  # fmt: skip
+# What TorchDynamoPlugin accepts (Accelerate's names), spelled as Accelerate's launcher takes them.
+DYNAMO_BACKENDS = tuple(name.lower() for name in DynamoBackend.list())
+
+NO_DEEPSPEED = "DeepSpeed is not available yet in accelerando (issue 21); --use_fsdp shards with FSDP2"
+NO_PARALLELISM = (
+    "ParallelismConfig (tensor, context and sequence parallelism, HSDP sizes) is not available yet in "
+    "accelerando (issue 24)"
+)
+NO_TE = "Transformer Engine fp8 is not available yet in accelerando (issue 22); --fp8_backend ao (torchao) is"
+NO_MSAMP = "MS-AMP fp8 is not available yet in accelerando (issue 22); --fp8_backend ao (torchao) is"
 
 _CORE: list[Option] = [
     _o("debug", "switch", GENERAL, "check collectives across ranks (sets ACCELERANDO_DEBUG_MODE) and show launcher logs",
@@ -68,20 +84,22 @@ _CORE: list[Option] = [
        yaml=("use_cpu",), env="ACCELERANDO_USE_CPU", export=True),
     _o("multi_gpu", "switch", HARDWARE, "use the machine's accelerators (Accelerate's flag; implied by default)",
        yaml=(), env=None),
-    _o("tpu", "switch", HARDWARE, "TPU launching (not supported: use torch_xla's launcher)", yaml=(), env=None),
+    _o("tpu", "switch", HARDWARE, "TPU launching (not supported: use torch_xla's launcher)", yaml=(), env=None,
+       refused="accelerando does not launch TPU/XLA pods (use torch_xla's launcher)"),
     _o("mixed_precision", "str", RESOURCE, "mixed precision mode", choices=("no", "fp16", "bf16", "fp8"),
        default="no", export=True, lower=True),
-    _o("num_processes", "int", RESOURCE, "total processes over all machines (Accelerate's meaning)"),
+    _o("num_processes", "int", RESOURCE, "total processes over all machines (Accelerate's meaning)", minimum=1),
     _o("nproc_per_node", "int", RESOURCE, "processes on this machine (default: num_processes / num_machines); "
-       "may differ between machines"),
-    _o("num_machines", "int", RESOURCE, "number of machines (nodes)", default=1),
+       "may differ between machines", minimum=1),
+    _o("num_machines", "int", RESOURCE, "number of machines (nodes)", default=1, minimum=1),
     _o("num_cpu_threads_per_process", "int", RESOURCE, "OMP_NUM_THREADS for each process "
-       "(default on CPU: cores / local processes)", env="OMP_NUM_THREADS", export=True),
-    _o("enable_cpu_affinity", "switch", RESOURCE, "pin each process to a NUMA node's cores",
-       env="ACCELERANDO_CPU_AFFINITY", export=True),
-    _o("dynamo_backend", "str", RESOURCE, "torch.compile backend ('no' disables)", choices=_DYNAMO_BACKENDS,
+       "(default on CPU: cores / local processes)", env="OMP_NUM_THREADS", export=True, minimum=1),
+    _o("enable_cpu_affinity", "switch", RESOURCE, "pin each local process to its own contiguous share of the "
+       "cores this launcher may use (Linux)", env="ACCELERANDO_CPU_AFFINITY", export=True),
+    _o("dynamo_backend", "str", RESOURCE, "torch.compile backend ('no' disables)", choices=DYNAMO_BACKENDS,
        default="no", yaml=("dynamo_config.dynamo_backend", "dynamo_backend"), export=True, lower=True),
-    _o("dynamo_mode", "str", RESOURCE, "torch.compile mode", choices=("default", "reduce-overhead", "max-autotune"),
+    _o("dynamo_mode", "str", RESOURCE, "torch.compile mode",
+       choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
        yaml=("dynamo_config.dynamo_mode",), export=True),
     _o("dynamo_use_fullgraph", "switch", RESOURCE, "torch.compile(fullgraph=True)",
        yaml=("dynamo_config.dynamo_use_fullgraph",), export=True),
@@ -89,18 +107,21 @@ _CORE: list[Option] = [
        yaml=("dynamo_config.dynamo_use_dynamic",), export=True),
     _o("dynamo_use_regional_compilation", "switch", RESOURCE, "compile repeated blocks once",
        yaml=("dynamo_config.dynamo_use_regional_compilation",), export=True),
-    _o("use_deepspeed", "switch", PARADIGM, "train with DeepSpeed", yaml=(), export=True),
+    _o("use_deepspeed", "switch", PARADIGM, "train with DeepSpeed (not available yet: issue 21)", yaml=(),
+       export=True, refused=NO_DEEPSPEED),
     _o("use_fsdp", "switch", PARADIGM, "train with FSDP", yaml=(), export=True),
-    _o("use_parallelism_config", "switch", PARADIGM, "build a ParallelismConfig from --parallelism_config_*",
-       yaml=(), export=True),
-    _o("use_megatron_lm", "switch", PARADIGM, "Megatron-LM (not supported by accelerando)", yaml=(), env=None),
+    _o("use_parallelism_config", "switch", PARADIGM, "build a ParallelismConfig from --parallelism_config_* "
+       "(not available yet: issue 24)", yaml=(), export=True, refused=NO_PARALLELISM),
+    _o("use_megatron_lm", "switch", PARADIGM, "Megatron-LM (not supported by accelerando)", yaml=(), env=None,
+       refused="accelerando does not launch Megatron-LM"),
     _o("gpu_ids", "str", DISTRIBUTED, "accelerator ids for this machine, 'all' or e.g. '0,1' "
        "(sets CUDA_VISIBLE_DEVICES or the device's equivalent)", env=None),
-    _o("same_network", "switch", DISTRIBUTED, "all machines share a local network (accepted; no effect with torchrun)"),
-    _o("machine_rank", "int", DISTRIBUTED, "rank of this machine, 0 is the main one", default=0),
+    _o("same_network", "switch", DISTRIBUTED, "all machines share a local network (accepted; torchrun's "
+       "rendezvous needs no such hint)"),
+    _o("machine_rank", "int", DISTRIBUTED, "rank of this machine, 0 is the main one", default=0, minimum=0),
     _o("main_process_ip", "str", DISTRIBUTED, "address of machine 0 (required with --num_machines > 1)"),
     _o("main_process_port", "int", DISTRIBUTED, "rendezvous port on machine 0 (single machine: a free one; "
-       "multi-machine: 29500)"),
+       "multi-machine: 29500)", minimum=1, maximum=65535),
     _o("tee", "str", DISTRIBUTED, "also write stdout/stderr to --log_dir: 0 none, 1 stdout, 2 stderr, 3 both",
        default="0", short="-t"),
     _o("log_dir", "str", DISTRIBUTED, "folder for the per-rank logs"),
@@ -110,12 +131,13 @@ _CORE: list[Option] = [
     _o("rdzv_conf", "str", DISTRIBUTED, "extra rendezvous settings 'k1=v1,k2=v2' (join_timeout, read_timeout, "
        "timeout, last_call_timeout, close_timeout)", default=""),
     _o("max_restarts", "int", DISTRIBUTED, "restart the whole worker group up to N times after a failure",
-       default=0),
+       default=0, minimum=0),
     _o("monitor_interval", "float", DISTRIBUTED, "seconds between health checks of the workers", default=0.1),
 ]  # fmt: skip
 
 
 def _ds(name: str, kind: str, help: str, **kw: Any) -> Option:
+    kw.setdefault("refused", NO_DEEPSPEED)
     return _feature("ACCELERANDO_DEEPSPEED_", "deepspeed_config", name, kind, DEEPSPEED, help, **kw)
 
 
@@ -127,18 +149,19 @@ _DEEPSPEED: list[Option] = [
     _ds("offload_optimizer_nvme_path", "str", "NVMe path for optimizer offload"),
     _ds("offload_param_nvme_path", "str", "NVMe path for parameter offload"),
     _ds("gradient_accumulation_steps", "int", "gradient accumulation steps (all strategies read it)",
-        env_name="ACCELERANDO_GRADIENT_ACCUMULATION_STEPS"),
-    _ds("gradient_clipping", "float", "gradient clipping value", env_name="ACCELERANDO_GRADIENT_CLIPPING"),
+        env_name="ACCELERANDO_GRADIENT_ACCUMULATION_STEPS", minimum=1, refused=None),
+    _ds("gradient_clipping", "float", "DeepSpeed's gradient clipping value", env_name="ACCELERANDO_GRADIENT_CLIPPING",
+        refused=NO_DEEPSPEED + "; without it, call accelerator.clip_grad_norm_ in the training loop"),
     _ds("zero3_init_flag", "bool", "build ZeRO-3 models partitioned (zero.Init)",
         env_name="ACCELERANDO_DEEPSPEED_ZERO3_INIT"),
     _ds("zero3_save_16bit_model", "bool", "save a 16-bit model with ZeRO-3"),
-    _ds("deepspeed_hostfile", "str", "DeepSpeed hostfile (accepted; accelerando launches each node itself)",
+    _ds("deepspeed_hostfile", "str", "DeepSpeed hostfile",
         env_name="ACCELERANDO_DEEPSPEED_HOSTFILE"),
-    _ds("deepspeed_exclusion_filter", "str", "DeepSpeed exclusion filter (accepted, not used)",
+    _ds("deepspeed_exclusion_filter", "str", "DeepSpeed exclusion filter",
         env_name="ACCELERANDO_DEEPSPEED_EXCLUSION_FILTER"),
-    _ds("deepspeed_inclusion_filter", "str", "DeepSpeed inclusion filter (accepted, not used)",
+    _ds("deepspeed_inclusion_filter", "str", "DeepSpeed inclusion filter",
         env_name="ACCELERANDO_DEEPSPEED_INCLUSION_FILTER"),
-    _ds("deepspeed_multinode_launcher", "str", "DeepSpeed multi-node runner (accelerando always uses torchrun's agent)",
+    _ds("deepspeed_multinode_launcher", "str", "DeepSpeed multi-node runner",
         choices=("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"),
         env_name="ACCELERANDO_DEEPSPEED_MULTINODE_LAUNCHER"),
     _ds("deepspeed_moe_layer_cls_names", "str", "MoE layer class names, comma separated",
@@ -153,7 +176,7 @@ def _fsdp(name: str, kind: str, help: str, **kw: Any) -> Option:
 _FSDP: list[Option] = [
     _fsdp("fsdp_version", "int", "FSDP version: 1 (FullyShardedDataParallel) or 2 (fully_shard)"),
     _fsdp("fsdp_offload_params", "bool", "offload parameters and gradients to CPU"),
-    _fsdp("fsdp_min_num_params", "int", "minimum parameters for size-based auto wrap"),
+    _fsdp("fsdp_min_num_params", "int", "minimum parameters for size-based auto wrap", minimum=0),
     _fsdp("fsdp_sharding_strategy", "str", "FSDP1 sharding strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, ...)"),
     _fsdp("fsdp_reshard_after_forward", "str", "FSDP2: true/false (or an FSDP1 strategy name)"),
     _fsdp("fsdp_auto_wrap_policy", "str", "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP"),
@@ -176,18 +199,23 @@ def _fp8(name: str, kind: str, help: str, keys: tuple[str, ...], **kw: Any) -> O
 
 
 _FP8: list[Option] = [
-    _fp8("fp8_backend", "str", "FP8 backend", ("backend",), choices=("ao", "te", "msamp"), lower=True),
-    _fp8("fp8_use_autocast_during_eval", "switch", "keep FP8 autocast during evaluation",
-         ("use_autocast_during_eval",)),
-    _fp8("fp8_margin", "int", "TE scaling margin", ("margin",)),
-    _fp8("fp8_interval", "int", "TE scaling-factor update interval", ("interval",)),
-    _fp8("fp8_format", "str", "FP8 format", ("fp8_format",), choices=("HYBRID", "E4M3", "E5M2")),
-    _fp8("fp8_amax_history_len", "int", "amax history length", ("amax_history_len", "amax_history_length")),
-    _fp8("fp8_amax_compute_algo", "str", "amax algorithm", ("amax_compute_algo", "amax_compute_algorithm"),
-         choices=("max", "most_recent")),
-    _fp8("fp8_override_linear_precision", "str", "'(fprop, dgrad, wgrad)' higher-precision overrides",
-         ("override_linear_precision",)),
-    _fp8("fp8_opt_level", "str", "MS-AMP level", ("opt_level", "optimization_level"), choices=("O1", "O2")),
+    _fp8("fp8_backend", "str", "FP8 backend: ao (torchao, the one used); te and msamp are not available yet "
+         "(issue 22)", ("backend",), choices=("ao", "te", "msamp"), lower=True,
+         refused_values={"te": NO_TE, "msamp": NO_MSAMP}),
+    _fp8("fp8_use_autocast_during_eval", "switch", "TE: keep FP8 autocast during evaluation",
+         ("use_autocast_during_eval",), refused=NO_TE),
+    _fp8("fp8_margin", "int", "TE scaling margin", ("margin",), refused=NO_TE),
+    _fp8("fp8_interval", "int", "TE scaling-factor update interval", ("interval",), refused=NO_TE),
+    _fp8("fp8_format", "str", "TE FP8 format", ("fp8_format",), choices=("HYBRID", "E4M3", "E5M2"),
+         refused=NO_TE),
+    _fp8("fp8_amax_history_len", "int", "TE amax history length", ("amax_history_len", "amax_history_length"),
+         refused=NO_TE),
+    _fp8("fp8_amax_compute_algo", "str", "TE amax algorithm", ("amax_compute_algo", "amax_compute_algorithm"),
+         choices=("max", "most_recent"), refused=NO_TE),
+    _fp8("fp8_override_linear_precision", "str", "TE '(fprop, dgrad, wgrad)' higher-precision overrides",
+         ("override_linear_precision",), refused=NO_TE),
+    _fp8("fp8_opt_level", "str", "MS-AMP level", ("opt_level", "optimization_level"), choices=("O1", "O2"),
+         refused=NO_MSAMP),
     _fp8("fp8_enable_fsdp_float8_all_gather", "bool", "torchao: FP8 all-gather under FSDP2",
          ("enable_fsdp_float8_all_gather",)),
     _fp8("fp8_pad_inner_dim", "bool", "torchao: pad inner dimensions", ("pad_inner_dim",)),
@@ -197,7 +225,7 @@ _FP8: list[Option] = [
 def _pc(name: str, kind: str, help: str, **kw: Any) -> Option:
     full = "parallelism_config_" + name
     return Option(name=full, kind=kind, group=PARALLEL, help=help, yaml=(f"parallelism_config.{full}",),
-                  env=full.upper(), export=True, **kw)  # fmt: skip
+                  env=full.upper(), export=True, refused=NO_PARALLELISM, **kw)  # fmt: skip
 
 
 _PARALLEL: list[Option] = [
@@ -218,3 +246,4 @@ OPTIONS: tuple[Option, ...] = tuple(_CORE + _DEEPSPEED + _FSDP + _FP8 + _PARALLE
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 assert len(BY_NAME) == len(OPTIONS), "duplicate option names"
 assert all(o.kind in KINDS for o in OPTIONS)
+assert all(set(o.refused_values) <= set(o.choices or ()) for o in OPTIONS)

@@ -8,13 +8,13 @@ Each resolved value keeps the name of its source, which `launch` prints before s
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from accelerando.config import env as envmod
 from accelerando.config.yaml_config import ConfigFile
-from accelerando.launch.flags import BY_NAME, OPTIONS, Option
+from accelerando.launch.flags import BY_NAME, FP8, FSDP, OPTIONS, Option
 
 DEFAULT = "default"
 # Shown in the printout even when they kept their default.
@@ -23,6 +23,9 @@ ALWAYS_SHOWN = (
     "main_process_ip", "main_process_port", "rdzv_backend", "max_restarts",
 )  # fmt: skip
 MULTI_NODE_PORT = 29500
+# Compile backends every torch build registers; others are looked up (importing torch._dynamo, ~2 s).
+BUILTIN_COMPILE_BACKENDS = frozenset({"no", "eager", "aot_eager", "inductor", "cudagraphs"})
+RDZV_SECONDS = ("join_timeout", "read_timeout", "timeout", "last_call_timeout", "close_timeout")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Detected:
     device_type: str = "cpu"
     device_count: int = 0
     cpu_cores: int = 1
+    has_torchao: bool = True  # mixed_precision fp8 needs it
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,32 @@ def coerce(opt: Option, value: Any, where: str) -> Any:
         raise ValueError(f"{where}: {value!r} is not a valid {opt.kind} for {opt.name}") from None
     if opt.choices and out not in opt.choices:
         raise ValueError(f"{where}: {opt.name}={value!r} is not one of {', '.join(opt.choices)}")
+    _check_range(opt, out, where)
+    if out in opt.refused_values:
+        raise ValueError(f"{_label(opt.name, where)}={out}: {opt.refused_values[out]}")
     return out
+
+
+def _check_range(opt: Option, value: Any, where: str) -> None:
+    low, high = opt.minimum, opt.maximum
+    if (low is None or value >= low) and (high is None or value <= high):
+        return
+    if low is not None and high is not None:
+        accepted = f"between {low:g} and {high:g}"
+    else:
+        accepted = f"at least {low:g}" if low is not None else f"at most {high:g}"
+    raise ValueError(f"{where}: {opt.name}={value!r} must be {accepted}")
+
+
+def _label(name: str, where: str) -> str:
+    """`--name` when the flag gave it, else `name (from <source>)`."""
+    return where if where == f"--{name}" else f"{name} (from {where})"
+
+
+def _refuse(opt: Option, value: Any, where: str) -> None:
+    """Stop on a setting accelerando cannot honour yet (a switch only when it is on)."""
+    if opt.refused and (opt.kind != "switch" or value):
+        raise ValueError(f"{_label(opt.name, where)}: {opt.refused}")
 
 
 def read_sources(cli: Mapping[str, Any], environ: Mapping[str, str], config: ConfigFile | None) -> Resolved:
@@ -77,24 +106,27 @@ def read_sources(cli: Mapping[str, Any], environ: Mapping[str, str], config: Con
     for opt in OPTIONS:
         found = envmod.read_option(opt.env, environ) if opt.env else None
         if opt.name in cli and cli[opt.name] is not None:
-            values[opt.name], sources[opt.name] = coerce(opt, cli[opt.name], f"--{opt.name}"), f"--{opt.name}"
+            raw, where = cli[opt.name], f"--{opt.name}"
         elif found is not None and found[1] != "":
-            values[opt.name], sources[opt.name] = coerce(opt, found[1], f"env {found[0]}"), f"env {found[0]}"
+            raw, where = found[1], f"env {found[0]}"
         elif config is not None and opt.name in config.values:
-            where = f"config {config.path} ({config.keys[opt.name]})"
-            values[opt.name], sources[opt.name] = coerce(opt, config.values[opt.name], where), where
+            raw, where = config.values[opt.name], f"config {config.path} ({config.keys[opt.name]})"
         else:
             values[opt.name], sources[opt.name] = opt.default, DEFAULT
+            continue
+        if opt.kind != "switch":
+            _refuse(opt, raw, where)  # before parsing: a refused setting is refused whatever its value
+        values[opt.name], sources[opt.name] = coerce(opt, raw, where), where
+        _refuse(opt, values[opt.name], where)
     return Resolved(values, sources)
 
 
+def given(r: Resolved, name: str) -> bool:
+    """The setting came from a flag, the environment or the config file (not a default)."""
+    return r.sources[name] != DEFAULT and r[name] is not None
+
+
 def _check_supported(r: Resolved) -> None:
-    for name, what in (
-        ("tpu", "TPU/XLA pods (use torch_xla's launcher)"),
-        ("use_megatron_lm", "Megatron-LM"),
-    ):
-        if r[name]:
-            raise ValueError(f"{name} (from {r.sources[name]}): accelerando does not launch {what}")
     if (
         r["cpu"]
         and r["multi_gpu"]
@@ -120,9 +152,7 @@ def _resolve_device(r: Resolved, detected: Detected) -> Resolved:
 def _resolve_counts(r: Resolved, detected: Detected) -> Resolved:
     """Total and per-machine process counts; Accelerate's num_processes is the total."""
     machines, rank = r["num_machines"], r["machine_rank"]
-    if machines < 1:
-        raise ValueError(f"num_machines={machines} (from {r.sources['num_machines']}) must be at least 1")
-    if not 0 <= rank < machines:
+    if rank >= machines:
         raise ValueError(
             f"machine_rank={rank} (from {r.sources['machine_rank']}) must be in [0, {machines - 1}]"
         )
@@ -133,14 +163,12 @@ def _resolve_counts(r: Resolved, detected: Detected) -> Resolved:
         r = r.with_value("num_processes", local * machines, f"default: {what} per machine")
         total = local * machines
     if per_node is None:
-        if total < 1 or total % machines:
+        if total % machines:
             raise ValueError(
                 f"num_processes={total} (from {r.sources['num_processes']}) is the total over {machines} machine(s) "
                 "and must be a positive multiple of it; for machines with different counts pass --nproc_per_node"
             )
         r = r.with_value("nproc_per_node", total // machines, "derived: num_processes / num_machines")
-    elif per_node < 1:
-        raise ValueError(f"nproc_per_node={per_node} (from {r.sources['nproc_per_node']}) must be at least 1")
     elif total is None:
         r = r.with_value("num_processes", per_node * machines, "derived: nproc_per_node x num_machines")
     return r
@@ -191,18 +219,21 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
 
 
 def _validate_misc(r: Resolved, detected: Detected) -> Resolved:
-    if r["max_restarts"] < 0:
-        raise ValueError(f"max_restarts={r['max_restarts']} must be 0 or more")
     if r["monitor_interval"] <= 0:
         raise ValueError(f"monitor_interval={r['monitor_interval']} must be positive (seconds)")
-    parse_rdzv_conf(r["rdzv_conf"])
+    for key, text in parse_rdzv_conf(r["rdzv_conf"]).items():
+        if key in RDZV_SECONDS and not _is_number(text):
+            raise ValueError(f"--rdzv_conf {key}={text!r} must be a number of seconds")
+    parse_tee(r["tee"])
+    ip = r["main_process_ip"]
+    if ip is not None and (not str(ip).strip() or any(c.isspace() for c in str(ip))):
+        raise ValueError(
+            f"main_process_ip={ip!r} (from {r.sources['main_process_ip']}) is not a host name or address"
+        )
     ids = r["gpu_ids"]
     if ids is not None and ids != "all" and not all(p.strip().isdigit() for p in str(ids).split(",")):
         raise ValueError(f"gpu_ids={ids!r} must be 'all' or comma-separated device indices such as '0,1'")
-    threads = r["num_cpu_threads_per_process"]
-    if threads is not None and threads < 1:
-        raise ValueError(f"num_cpu_threads_per_process={threads} must be at least 1")
-    if threads is None:
+    if r["num_cpu_threads_per_process"] is None:
         local = r["nproc_per_node"]
         value = max(1, detected.cpu_cores // local) if r["cpu"] else 1
         r = r.with_value("num_cpu_threads_per_process", value, "derived: cores / local processes")
@@ -217,17 +248,92 @@ def resolve(
     *,
     port_is_free: Callable[[int], bool] = lambda port: True,
     free_port: Callable[[], int] = lambda: 29500,
+    compile_backends: Callable[[], Collection[str]] | None = None,
 ) -> Resolved:
-    """The whole launch configuration for this machine, or a ValueError naming the bad value."""
+    """The whole launch configuration for this machine, or a ValueError naming the bad value.
+
+    `compile_backends` lists torch's registered compile backends; it is asked only for a backend
+    outside the built-in ones (None: not checked).
+    """
     unknown = set(cli) - set(BY_NAME)
     if unknown:
         raise TypeError(f"unknown launch options: {', '.join(sorted(unknown))}")
     r = read_sources(cli, environ, config)
     _check_supported(r)
+    _check_precision(r, detected)
+    _check_compile_backend(r, compile_backends)
+    _check_fsdp(r)
     r = _resolve_device(r, detected)
     r = _resolve_counts(r, detected)
     r = _resolve_network(r, port_is_free, free_port)
     return _validate_misc(r, detected)
+
+
+def _check_precision(r: Resolved, detected: Detected) -> None:
+    """fp8 needs torchao; fp8 settings need fp8 (they would be read by nobody otherwise)."""
+    precision, where = r["mixed_precision"], r.sources["mixed_precision"]
+    if precision == "fp8" and not detected.has_torchao:
+        raise ValueError(
+            f"{_label('mixed_precision', where)}=fp8 needs torchao, which is not installed here: "
+            "pip install 'accelerando[fp8]'"
+        )
+    fp8_given = [o.name for o in OPTIONS if o.group == FP8 and given(r, o.name)]
+    if fp8_given and precision != "fp8" and where != DEFAULT:
+        name = fp8_given[0]
+        raise ValueError(
+            f"{_label(name, r.sources[name])} has no effect with {_label('mixed_precision', where)}="
+            f"{precision}: fp8 settings need mixed_precision fp8"
+        )
+
+
+def _check_compile_backend(r: Resolved, compile_backends: Callable[[], Collection[str]] | None) -> None:
+    backend = r["dynamo_backend"]
+    if backend in BUILTIN_COMPILE_BACKENDS or compile_backends is None:
+        return
+    available = compile_backends()
+    if backend not in available:
+        raise ValueError(
+            f"{_label('dynamo_backend', r.sources['dynamo_backend'])}={backend}: this torch has no compile "
+            f"backend of that name (a package may provide it); registered: {', '.join(sorted(available))}"
+        )
+
+
+def _check_fsdp(r: Resolved) -> None:
+    """Each `FSDP_*` value parsed as the plugin will parse it in every process, then all together."""
+    from accelerando.config import fsdp
+
+    exported: dict[str, str] = {}
+    for opt in OPTIONS:
+        if opt.group == FSDP and opt.env and given(r, opt.name):
+            text = _text(r[opt.name])
+            try:
+                fsdp.check_settings({opt.env: text})
+            except ValueError as err:
+                raise ValueError(f"{_label(opt.name, r.sources[opt.name])}: {err}") from None
+            exported[opt.env] = text
+    if exported:
+        try:
+            fsdp.check_settings(exported)
+        except ValueError as err:
+            raise ValueError(f"FSDP settings: {err}") from None
+
+
+def parse_tee(text: str) -> Any:
+    """torch's `Std` for `--tee` (0-3, or per local rank such as '0:3,1:1'); ValueError naming it."""
+    from torch.distributed.elastic.multiprocessing import Std
+
+    try:
+        return Std.from_str(str(text))
+    except ValueError:
+        raise ValueError(f"--tee {text!r} must be 0, 1, 2 or 3 (or per rank, e.g. '0:3,1:1')") from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _text(value: Any) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from accelerando.config import env as envmod
 from accelerando.launch.errors import exit_code, format_child_failure, format_rendezvous_failure
-from accelerando.launch.settings import Resolved, child_exports, parse_rdzv_conf
+from accelerando.launch.settings import Resolved, child_exports, parse_rdzv_conf, parse_tee
 
 WORKER = Path(__file__).with_name("worker.py")
 _RESTART_MARK = "will restart worker group"
@@ -68,13 +68,10 @@ def endpoint(r: Resolved) -> str:
 
 def build_launch_config(r: Resolved) -> Any:
     """The agent's LaunchConfig for this machine."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
-    try:
-        tee = Std.from_str(str(r["tee"]))
-    except ValueError:
-        raise ValueError(f"--tee {r['tee']!r} must be 0, 1, 2 or 3 (or per rank, e.g. '0:3,1:1')") from None
+    tee = parse_tee(r["tee"])
     run_id = parse_rdzv_conf(r["rdzv_conf"]).get("rdzv_id") or "accelerando"
     return LaunchConfig(
         min_nodes=r["num_machines"],

@@ -1,10 +1,12 @@
-"""Runs inside each training process before the user's script: records an uncaught exception.
+"""Runs inside each training process before the user's script: pins it, records an uncaught exception.
 
 Started by file path (`python -u .../worker.py --script train.py args...`), so it imports nothing
 from accelerando or torch: the script sees the same `sys.argv`, `sys.path[0]` and `__main__` it
-would under `python train.py`. If the script raises, the traceback (without these frames) goes to
-stderr and, in the JSON layout torch's `ProcessFailure` reads, to `$TORCHELASTIC_ERROR_FILE`; the
-launcher prints it first.
+would under `python train.py`. For the same reason it reads its few variables from `os.environ`
+itself (the one module besides `config/env.py` allowed to). With `--enable_cpu_affinity` the
+process is first pinned to its local rank's share of the cores. If the script raises, the
+traceback (without these frames) goes to stderr and, in the JSON layout torch's `ProcessFailure`
+reads, to `$TORCHELASTIC_ERROR_FILE`; the launcher prints it first.
 """
 
 import sys
@@ -22,8 +24,10 @@ import os  # noqa: E402
 import runpy  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
 from types import TracebackType  # noqa: E402
 
+_TRUE = ("1", "true", "yes", "on", "y", "t")
 _SKIP = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
 
@@ -62,12 +66,42 @@ def record(exc: BaseException, skip: frozenset[str] = frozenset()) -> str:
     return text
 
 
+def core_share(cores: list[int], local_rank: int, local_size: int) -> list[int]:
+    """Local rank i of n gets the i-th of n contiguous, near-equal slices of `cores`.
+
+    Contiguous core numbers usually share a socket and its memory. With fewer cores than local
+    ranks, ranks share cores round-robin, one core each.
+    """
+    if not cores or not 0 <= local_rank < local_size:
+        raise ValueError(f"no core share for local rank {local_rank} of {local_size} over cores {cores}")
+    if len(cores) < local_size:
+        return [cores[local_rank % len(cores)]]
+    return cores[local_rank * len(cores) // local_size : (local_rank + 1) * len(cores) // local_size]
+
+
+def pin_to_core_share(environ: Mapping[str, str] = os.environ) -> list[int] | None:
+    """`--enable_cpu_affinity`: restrict this process to its share of the cores it may use now."""
+    value = environ.get("ACCELERANDO_CPU_AFFINITY", environ.get("ACCELERATE_CPU_AFFINITY", ""))
+    if value.strip().lower() not in _TRUE:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        sys.stderr.write(
+            "accelerando: --enable_cpu_affinity needs Linux (os.sched_setaffinity); not pinned\n"
+        )
+        return None
+    local_rank, local_size = int(environ.get("LOCAL_RANK", "0")), int(environ.get("LOCAL_WORLD_SIZE", "1"))
+    share = core_share(sorted(os.sched_getaffinity(0)), local_rank, local_size)
+    os.sched_setaffinity(0, share)
+    return share
+
+
 def main(argv: list[str]) -> int:
     """`--script PATH args...` or `--module NAME args...`."""
     if len(argv) < 2 or argv[0] not in ("--script", "--module"):
         sys.stderr.write("usage: worker.py --script PATH [args...] | --module NAME [args...]\n")
         return 2
     mode, target, rest = argv[0], argv[1], argv[2:]
+    pin_to_core_share()
     try:
         if mode == "--module":
             sys.argv = [target, *rest]

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from accelerando.config import env as config_env
+from accelerando.launch.ports import free_port
+
+__all__ = ["free_port", "native_failures", "run_distributed", "torchrun_command"]
 
 # What a rank prints when it dies in C++ or logs a C++ error: never part of a clean run.
 NATIVE_FAILURE_MARKERS = ("terminate called", "Exception raised from", "frame #0:", "Fatal Python error")
@@ -24,13 +26,6 @@ NATIVE_FAILURE_MARKERS = ("terminate called", "Exception raised from", "frame #0
 def native_failures(text: str) -> list[str]:
     """The lines of `text` that show a native abort or a C++ stack trace."""
     return [line for line in text.splitlines() if any(marker in line for marker in NATIVE_FAILURE_MARKERS)]
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def torchrun_command(script: str | Path, args: Sequence[str] = (), nproc: int = 2) -> list[str]:

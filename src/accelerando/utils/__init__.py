@@ -1,7 +1,6 @@
 """Accelerate's `accelerate.utils` surface; every name is defined once elsewhere and re-exported."""
 
 from accelerando.checkpoint.atomic import CheckpointError
-from accelerando.commands.merge_weights import merge_fsdp_weights
 from accelerando.config.env import clear_environment, patch_environment
 from accelerando.config.fsdp import (
     FullyShardedDataParallelPlugin,
@@ -24,6 +23,7 @@ from accelerando.utils.constants import (
     WEIGHTS_PATTERN_NAME,
 )
 from accelerando.utils.dataclasses import *  # noqa: F403 - one list of names, kept there
+from accelerando.utils.fsdp_merge import merge_fsdp_weights
 from accelerando.utils.imports import (
     is_bf16_available,
     is_cuda_available,

@@ -107,16 +107,14 @@ def test_yaml_no_is_read_as_the_string_no() -> None:
 
 def test_exports_only_what_was_set_with_accelerate_names() -> None:
     r = resolve(
-        {"use_fsdp": True, "fsdp_version": 2, "fsdp_transformer_layer_cls_to_wrap": "Block", "zero_stage": 3,
-         "gradient_accumulation_steps": 4, "parallelism_config_tp_size": 2, "gpu_ids": "0,1", "num_processes": 2},
+        {"use_fsdp": True, "fsdp_version": 2, "fsdp_transformer_layer_cls_to_wrap": "Block",
+         "gradient_accumulation_steps": 4, "gpu_ids": "0,1", "num_processes": 2},
         {}, None, GPU4,
     )  # fmt: skip
     out = child_exports(r, "cuda")
     assert out["ACCELERANDO_USE_FSDP"] == "true" and out["FSDP_VERSION"] == "2"
     assert out["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "Block"
-    assert out["ACCELERANDO_DEEPSPEED_ZERO_STAGE"] == "3"
     assert out["ACCELERANDO_GRADIENT_ACCUMULATION_STEPS"] == "4"
-    assert out["PARALLELISM_CONFIG_TP_SIZE"] == "2"
     assert out["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert "ACCELERANDO_MIXED_PRECISION" not in out and "FSDP_OFFLOAD_PARAMS" not in out
 
