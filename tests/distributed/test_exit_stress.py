@@ -82,10 +82,11 @@ def test_every_launched_script_exits_cleanly_under_load(cpu_hog: None, tmp_path:
             runs += 1
             try:
                 proc = run_distributed(SCRIPTS / script, args, nproc=nproc, env=env, timeout=300)
+                if script == "core_exit_modes.py" and proc.stdout.count("EXIT group_alive=False") != nproc:
+                    raise AssertionError(f"group alive at exit\n{proc.stdout}")
+                print(f"EXIT STRESS run {runs} ok: round {round_index} {script} {args}", flush=True)
             except AssertionError as failure:
                 failures.append(f"round {round_index} {script} {args}: {failure}")
-                continue
-            if script == "core_exit_modes.py" and proc.stdout.count("EXIT group_alive=False") != nproc:
-                failures.append(f"round {round_index} {script} {args}: group alive at exit\n{proc.stdout}")
+                print(f"EXIT STRESS run {runs} FAILED: {failures[-1][:2000]}", flush=True)
     print(f"EXIT STRESS runs={runs} failed={len(failures)}")
     assert not failures, "\n\n".join(failures)
