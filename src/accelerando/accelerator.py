@@ -310,25 +310,33 @@ class Accelerator(ConfigViews):
     def _do_sync(self) -> None:
         """Decide whether this micro-batch ends an accumulation window (see docs/accumulation.md)."""
         self.step += 1
-        if advance_window(self._runtime.gradient, self.gradient_state.active_dataloader):
+        g = self._runtime.gradient
+        if advance_window(g, g.dataloaders[-1] if g.dataloaders else None):
             self.step = 0
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
-        """One micro-batch: gradients sync and optimizers step only at the end of a window."""
+        """One micro-batch: gradients sync and optimizers step only at the end of a window.
+
+        Runs on every step: no device reads, and no context entered on a syncing step.
+        """
         self._do_sync()
-        if self.sync_gradients or self._runtime.gradient.sync_each_batch or not models:
+        g = self._runtime.gradient
+        if g.sync_gradients or g.sync_each_batch or not models:
             yield  # the common, syncing step: no context to enter
+            return
+        if len(models) == 1:
+            with self.no_sync(models[0]):
+                yield
             return
         with contextlib.ExitStack() as stack:
             for model in models:
                 stack.enter_context(self.no_sync(model))
             yield
 
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        with self.strategy.no_sync(model):
-            yield
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """The strategy's context in which `model`'s backward does not synchronise gradients."""
+        return self.strategy.no_sync(model)
 
     @staticmethod
     @contextlib.contextmanager
@@ -351,10 +359,10 @@ class Accelerator(ConfigViews):
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Scale the loss for accumulation and precision, then run the strategy's backward."""
-        g = self._runtime.gradient
-        if not self.strategy.capabilities.owns_gradient_accumulation and g.window_size > 1:
-            loss = loss / g.window_size
-        self.strategy.backward(loss, **kwargs)
+        strategy, window = self.strategy, self._runtime.gradient.window_size
+        if window > 1 and not strategy.capabilities.owns_gradient_accumulation:
+            loss = loss / window
+        strategy.backward(loss, **kwargs)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         optimizers = (

@@ -57,9 +57,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self.optimizer.state_dict()
 
     def _boundary(self) -> bool:
-        strategy = self._runtime.strategy
-        owns = strategy is not None and strategy.capabilities.owns_gradient_accumulation
-        return owns or self._runtime.gradient.sync_gradients
+        """True on the micro-step that ends a window (or always, when the strategy accumulates)."""
+        rt = self._runtime
+        if rt.gradient.sync_gradients:
+            return True
+        strategy = rt.strategy
+        return strategy is not None and strategy.capabilities.owns_gradient_accumulation
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._boundary():

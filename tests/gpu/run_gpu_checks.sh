@@ -1,14 +1,95 @@
 #!/usr/bin/env bash
-# The FSDP checks for a GPU machine (nccl, bf16). Run from the repository root:
-#   bash tests/gpu/run_gpu_checks.sh            # pytest -m cuda on the FSDP file, then the benchmark
-# PYTHON overrides the interpreter (default: .venv/bin/python if present, else python).
-set -euo pipefail
+# Everything that needs CUDA, in one run on the GPU machine (budget: under 8 minutes on one H200).
+# Run from anywhere; it works from the repository root with no network:
+#   bash tests/gpu/run_gpu_checks.sh
+# 1. every CUDA test of the whole suite: pytest -m cuda tests (keeps going past failures)
+# 2. benchmarks/gpu.py at full size: plain PyTorch / Accelerate / accelerando, big-model rows
+# 3. benchmarks/fsdp.py: DDP vs FSDP2 (needs 2 GPUs: nccl refuses two ranks on one device)
+# Writes benchmarks/results/gpu-<date>.md (and copies it to $OUT/ when OUT is set), then exits
+# non-zero if any section failed. PYTHON overrides the interpreter (default: .venv/bin/python if
+# present, else python3); GPU_BENCH_REPEATS the fresh processes per benchmark cell (default 3).
+# Issues that add CUDA behaviour (DeepSpeed, FP8, TP...) add their tests with the cuda marker and,
+# if they need one, a section here.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}"
-"$PYTHON" - <<'PY'
+PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+REPEATS="${GPU_BENCH_REPEATS:-3}"
+RESULTS="benchmarks/results/gpu-$(date +%F).md"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p benchmarks/results
+STATUS=0
+START=$SECONDS
+
+section() {  # section TITLE: a heading in the results, and the time since the start on the terminal
+  echo "== $1 ($((SECONDS - START)) s so far)" >&2
+  printf '\n## %s\n\n' "$1" >>"$RESULTS"
+}
+
+ended() {  # ended NAME RC BEGAN: record how a section ended
+  local name=$1 rc=$2 began=$3
+  printf '\n%s: exit %s, %s s\n' "$name" "$rc" "$((SECONDS - began))" | tee -a "$RESULTS" >&2
+  if [ "$rc" -ne 0 ] && [ "$STATUS" -eq 0 ]; then STATUS=$rc; fi
+}
+
+GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+if [ "$GPUS" -eq 0 ]; then
+  echo "no CUDA device: these checks only run on the GPU machine ($PYTHON)" >&2
+  exit 2
+fi
+{
+  echo "# GPU checks, $(date -u '+%F %H:%M UTC')"
+  echo
+  echo '```'
+  git log -1 --format='commit %h %s' 2>/dev/null || true
+  "$PYTHON" - <<'PY'
+import importlib.metadata as md
+import platform
 import torch
-assert torch.cuda.is_available(), "no CUDA device: these checks only run on the GPU machine"
-print(f"CUDA devices: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
+print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+for name in ("accelerate", "transformers", "safetensors"):
+    try:
+        print(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name} not installed")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB")
 PY
-"$PYTHON" -m pytest -m cuda tests/gpu/test_fsdp_cuda.py -q -x -p no:cacheprovider
-"$PYTHON" benchmarks/fsdp.py --dim 2048 --depth 8 --batch 64 --steps 20
+  echo '```'
+} >"$RESULTS"
+cat "$RESULTS"
+
+section "pytest -m cuda tests"
+began=$SECONDS
+"$PYTHON" -m pytest -m cuda tests -q -ra -p no:cacheprovider 2>&1 | tee "$WORK/pytest.log"
+rc=${PIPESTATUS[0]}
+summary=$(sed -n '/short test summary info/,$p' "$WORK/pytest.log")
+{ echo '```'; if [ -n "$summary" ]; then echo "$summary"; else tail -n 1 "$WORK/pytest.log"; fi; echo '```'; } >>"$RESULTS"
+ended "pytest" "$rc" "$began"
+
+section "benchmarks/gpu.py (per-step overhead and big-model loading)"
+began=$SECONDS
+"$PYTHON" benchmarks/gpu.py --repeats "$REPEATS" --markdown "$WORK/gpu.md" 2>&1 | tee "$WORK/gpu.log"
+rc=${PIPESTATUS[0]}
+if [ -f "$WORK/gpu.md" ]; then cat "$WORK/gpu.md" >>"$RESULTS"; fi
+if [ "$rc" -ne 0 ]; then { echo '```'; tail -n 40 "$WORK/gpu.log"; echo '```'; } >>"$RESULTS"; fi
+ended "benchmarks/gpu.py" "$rc" "$began"
+
+section "benchmarks/fsdp.py (DDP vs FSDP2)"
+began=$SECONDS
+if [ "$GPUS" -ge 2 ]; then
+  "$PYTHON" benchmarks/fsdp.py --dim 2048 --depth 8 --batch 64 --steps 20 2>&1 | tee "$WORK/fsdp.log"
+  rc=${PIPESTATUS[0]}
+  cat "$WORK/fsdp.log" >>"$RESULTS"
+else
+  echo "skipped: $GPUS GPU; fsdp.py needs 2 (one rank per GPU with nccl)" | tee -a "$RESULTS" >&2
+  rc=0
+fi
+ended "benchmarks/fsdp.py" "$rc" "$began"
+
+printf '\ntotal: %s s, exit %s\n' "$((SECONDS - START))" "$STATUS" | tee -a "$RESULTS" >&2
+if [ -n "${OUT:-}" ]; then cp "$RESULTS" "$OUT/"; fi
+echo "results: $RESULTS" >&2
+exit "$STATUS"

@@ -1,8 +1,13 @@
-"""fp16 / bf16 through `torch.autocast`, with a `torch.amp.GradScaler` for fp16 (on CPU too)."""
+"""fp16 / bf16 through `torch.autocast`, with a `torch.amp.GradScaler` for fp16 (on CPU too).
+
+The fp16 step reads one flag from the device per optimizer step (GradScaler's own inf check) and
+no more: whether the step was skipped is learned from a step post-hook, not by reading the scale.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 import torch
@@ -31,6 +36,9 @@ class AmpPrecision(Precision):
             else None
         )
         self._unscaled: set[int] = set()
+        self._watches: weakref.WeakKeyDictionary[torch.optim.Optimizer, _StepWatch | None] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def scaler(self) -> Any:
@@ -59,11 +67,21 @@ class AmpPrecision(Precision):
     def step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> bool:
         if self._scaler is None:
             return super().step(optimizer, closure)
-        scale_before = self._scaler.get_scale()
+        if optimizer not in self._watches:
+            self._watches[optimizer] = _StepWatch.attach(optimizer)
+        watch = self._watches[optimizer]
+        if watch is not None:
+            watch.ran = False
         self._scaler.step(optimizer, closure) if closure is not None else self._scaler.step(optimizer)
+        stepped = watch.ran if watch is not None else not self._found_inf(optimizer)
         self._scaler.update()
         self._unscaled.discard(id(optimizer))
-        return not self._scaler.get_scale() < scale_before
+        return stepped
+
+    def _found_inf(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Read the scaler's inf flag (one device read): for optimizers a post-hook cannot watch."""
+        found = self._scaler._found_inf_per_device(optimizer)  # type: ignore[union-attr]
+        return any(bool(flag.item()) for flag in found.values())
 
     def fsdp_mixed_precision(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -76,3 +94,25 @@ class AmpPrecision(Precision):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self._scaler is not None and state:
             self._scaler.load_state_dict(state)
+
+
+class _StepWatch:
+    """Learns whether GradScaler let an optimizer's own `step` run, without touching the device.
+
+    Only for optimizers whose `step` torch wraps with hooks (every `torch.optim.Optimizer` that ran
+    `Optimizer.__init__`) and that do not skip inside their own kernel (fused optimizers always run).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.ran = False
+        self.handle = optimizer.register_step_post_hook(self._mark)
+
+    def _mark(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.ran = True
+
+    @classmethod
+    def attach(cls, optimizer: torch.optim.Optimizer) -> _StepWatch | None:
+        hooked = getattr(type(optimizer).step, "hooked", False)
+        if not hooked or getattr(optimizer, "_step_supports_amp_scaling", False):
+            return None
+        return cls(optimizer)
