@@ -26,7 +26,7 @@ LAYERS = 6
 
 
 def config() -> transformers.LlamaConfig:
-    # a 40k x 128 embedding is 20 MB in fp32: larger than one 16 MB staging chunk
+    # a 40k x 128 embedding is 20 MB in fp32: several 8 MB staging chunks
     return transformers.LlamaConfig(
         vocab_size=40_000, hidden_size=128, intermediate_size=352, num_hidden_layers=LAYERS,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,

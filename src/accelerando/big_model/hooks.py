@@ -143,8 +143,10 @@ class AlignDevicesHook(ModelHook):
 
     `io_same_device` returns outputs on the device the inputs came from. `place_submodules`
     covers the tensors of the whole subtree (one hook per block), else only the module's own.
-    `next_hook` (set by `dispatch_model`) is the next offloaded block: its weights are prefetched
-    while this one runs (on an accelerator, copied on a side stream; see `prefetch.py`).
+    `next_hook` (set by `dispatch_model`) is the next offloaded block: while this one runs, the
+    following blocks are prefetched until `prefetch_bytes` (the largest block's size) are on their
+    way, so a tiny block (a final norm) does not leave a large one after it (the head) unfetched.
+    On an accelerator they are copied on a side stream; see `prefetch.py`.
     """
 
     def __init__(
@@ -168,6 +170,7 @@ class AlignDevicesHook(ModelHook):
         self.tied_params_map = tied_params_map
         self.input_device: torch.device | None = None
         self.next_hook: AlignDevicesHook | None = None
+        self.prefetch_bytes = 0
         self.original_devices: dict[str, torch.device] = {}
         self._slots: list[tuple[str, nn.Module, str, bool, torch.Tensor]] = []
         self._pending: device_prefetch.PendingWeights | None = None
@@ -238,6 +241,18 @@ class AlignDevicesHook(ModelHook):
     def offloaded_names(self) -> list[str]:
         return [name for name, *_ in self._slots]
 
+    def offloaded_bytes(self) -> int:
+        """Bytes this block's weights take on the execution device."""
+        return sum(meta.numel() * meta.element_size() for *_, meta in self._slots)
+
+    def prefetch_following(self) -> None:
+        """Prefetch the next blocks in the chain, starting each while less than `prefetch_bytes` are ahead."""
+        ahead, hook = 0, self.next_hook
+        while hook is not None and hook is not self and (ahead == 0 or ahead < self.prefetch_bytes):
+            hook.prefetch()
+            ahead += hook.offloaded_bytes()
+            hook = hook.next_hook
+
     def _requests(self) -> tuple[list[str], list[torch.dtype]]:
         return [name for name, *_ in self._slots], [meta.dtype for *_, meta in self._slots]
 
@@ -285,8 +300,7 @@ class AlignDevicesHook(ModelHook):
             self.input_device = _first_device((args, kwargs))
         if self.offload and self._slots:
             self._materialise()
-            if self.next_hook is not None and self.next_hook is not self:
-                self.next_hook.prefetch()
+            self.prefetch_following()
         device = self.execution_device
         return send_to_device(args, device), send_to_device(kwargs, device, skip_keys=self.skip_keys)
 

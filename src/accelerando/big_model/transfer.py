@@ -25,7 +25,7 @@ import torch
 
 from accelerando.devices import Device, get_device
 
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 8 << 20  # a DMA this size runs at full speed; 2 per loader thread keep pinned memory small
 LOAD_WORKERS = max(1, min(4, os.cpu_count() or 1))  # more threads than this only contend for memory bandwidth
 
 

@@ -56,23 +56,24 @@ class Recorder:
         return sum(ref() is not None for ref in self.handed)
 
 
-def dispatched(folder: Path) -> tuple[Toy, Toy]:
+def dispatched(folder: Path, device_map: dict | None = None) -> tuple[Toy, Toy]:
     ref = reference()
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, folder / "model.safetensors")
     with init_empty_weights():
         model = Toy()
-    return load_checkpoint_and_dispatch(model, folder, device_map=DISK_BLOCKS), ref
+    return load_checkpoint_and_dispatch(model, folder, device_map=device_map or DISK_BLOCKS), ref
 
 
-def log_runs(model: Toy, log: list[tuple]) -> None:
-    for i, block in enumerate(model.blocks):
-        inner = block._old_forward
+def log_runs(model: Toy, log: list[tuple], names: list[str] | None = None) -> None:
+    for name in names or [f"blocks.{i}" for i in range(4)]:
+        module = model.get_submodule(name)
+        inner = module._old_forward
 
-        def run(x: torch.Tensor, i: int = i, inner=inner) -> torch.Tensor:  # type: ignore[no-untyped-def]
-            log.append(("run", i))
+        def run(x: torch.Tensor, name: str = name, inner=inner) -> torch.Tensor:  # type: ignore[no-untyped-def]
+            log.append(("run", name))
             return inner(x)
 
-        block._old_forward = run
+        module._old_forward = run
 
 
 def test_each_block_waits_for_its_event_and_the_next_is_already_on_its_way(
@@ -91,9 +92,9 @@ def test_each_block_waits_for_its_event_and_the_next_is_already_on_its_way(
             done.setdefault(entry[1], entry[2])  # block 0's second fetch is for the next call
     for i in range(4):
         prefix = f"blocks.{i}."
-        assert where[("wait", "compute", done[prefix])] < where[("run", i)]  # event, not a host sync
+        assert where[("wait", "compute", done[prefix])] < where[("run", f"blocks.{i}")]  # event, no host sync
         if i < 3:
-            assert where[("start", f"blocks.{i + 1}.")] < where[("run", i)]
+            assert where[("start", f"blocks.{i + 1}.")] < where[("run", f"blocks.{i}")]
     assert log.count(("start", "blocks.0.")) == 2  # block 0 once on demand, once ahead of the next call
     side = recorder.fetcher.stream.name
     copies = [entry for entry in log if entry[0] == "enter"]
@@ -127,3 +128,20 @@ def test_a_changed_dtype_is_fetched_again(tmp_path: Path, monkeypatch: pytest.Mo
     assert out.dtype == torch.float64
     assert torch.allclose(out, ref.double()(inputs()))
     assert recorder.alive() == PER_BLOCK
+
+
+def test_small_blocks_do_not_hold_back_the_prefetch_of_larger_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = Recorder(monkeypatch)
+    # the chain is embed (512 B) -> blocks.0 (1184 B) -> head (512 B); one largest block = 1184 B ahead
+    device_map = dict.fromkeys(["embed", "blocks.0", "head"], "disk")
+    device_map |= dict.fromkeys(["blocks.1", "blocks.2", "blocks.3", "scale", "table"], "cpu")
+    model, ref = dispatched(tmp_path, device_map)
+    log = recorder.device.log
+    log_runs(model, log, ["embed", "blocks.0", "head"])
+    with torch.no_grad():
+        assert torch.equal(model(inputs()), ref(inputs()))
+    starts = [i for i, entry in enumerate(log) if entry == ("start", "embed.")]
+    assert len(starts) == 2 and starts[1] < log.index(("run", "blocks.0"))  # two blocks ahead: 512 + 512 B
+    assert recorder.alive() == 1 + PER_BLOCK  # embed and blocks.0 wait for the next call, nothing else
