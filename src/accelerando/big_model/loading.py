@@ -42,6 +42,7 @@ from accelerando.big_model.transfer import (
     FileSpan,
     HostSource,
     Transfer,
+    has_streams,
     raw_reads_supported,
 )
 
@@ -333,11 +334,15 @@ def load_checkpoint(
 
 
 def _streamed_device(device: DeviceKey) -> torch.device | None:
-    """The accelerator a map value names (its weights go through the loader threads), else None."""
+    """The accelerator with streams a map value names (its weights go through the loader threads).
+
+    None for the cpu, disk and meta, and for backends without streams (MPS, XLA): those keep the
+    plain `.to(device)` in the main thread.
+    """
     if device in ("cpu", "disk", "meta") or not isinstance(device, (int, str, torch.device)):
         return None
     resolved = as_torch_device(device)
-    return None if resolved.type in ("cpu", "meta") else resolved
+    return resolved if resolved.type not in ("cpu", "meta") and has_streams(resolved) else None
 
 
 class _null:

@@ -5,7 +5,7 @@ current block's kernels. On a backend with streams the copies go on a side strea
 device, through pinned chunk buffers (`transfer.StagedCopier`), and the compute stream waits for
 them only when the block starts: an event, never a host synchronisation. Tensors made on the side
 stream are recorded on the compute stream, so the allocator does not hand their memory to the next
-prefetch while a kernel still reads them. Without streams (MPS) the thread copies synchronously.
+prefetch while a kernel still reads them. Without streams (MPS, XLA) the thread does a plain `.to()`.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class StreamFetcher:
         cast = served_dtype(value, dtype)
         if value.device == self.device and cast is None:
             return value
-        if value.device.type != "cpu" or not value.is_contiguous():
+        if self.stream is None or value.device.type != "cpu" or not value.is_contiguous():
             return value.to(self.device, dtype=cast, non_blocking=True)
         source = value if cast is None else value.to(cast)  # cast on the host, as .to(device, dtype) does
         dest = torch.empty(value.shape, dtype=source.dtype, device=self.device)

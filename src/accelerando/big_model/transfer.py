@@ -153,6 +153,11 @@ def backend_of(device: torch.device) -> Device:
     return get_device(device.type)
 
 
+def has_streams(device: torch.device) -> bool:
+    """Whether copies to `device` can be queued and overlapped (CUDA, XPU, ...; not MPS, XLA or the CPU)."""
+    return backend_of(device).current_stream(device) is not None
+
+
 class DeviceTransfers:
     """A pool of loader threads turning `Transfer`s into device tensors, overlapped.
 

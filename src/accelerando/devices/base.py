@@ -71,24 +71,26 @@ class Device:
     # Streams, pinned memory and allocator warm-up: what big-model loading and offload prefetch use.
     # A backend without streams returns None; callers then copy synchronously, with the same result.
 
+    def _stream_api(self, name: str) -> Any | None:
+        try:
+            return getattr(self.module(), name, None)
+        except (ImportError, RuntimeError):
+            return None
+
     def new_stream(self, device: torch.device) -> Any | None:
         """A new side stream on `device` (copies there overlap compute), or None if the backend has none."""
-        factory = getattr(self.module(), "Stream", None)
-        if factory is None:
-            return None
+        factory = self._stream_api("Stream")
         try:
-            return factory(device=device)
+            return None if factory is None else factory(device=device)
         except (RuntimeError, TypeError, AssertionError):
             return None
 
     def current_stream(self, device: torch.device) -> Any | None:
-        """The stream work on `device` is queued on now (None if the backend has no streams)."""
-        getter = getattr(self.module(), "current_stream", None)
-        if getter is None:
-            return None
+        """The stream work on `device` is queued on now (None if the backend has no streams or no device)."""
+        getter = self._stream_api("current_stream")
         try:
-            return getter(device)
-        except (RuntimeError, TypeError, AssertionError):
+            return None if getter is None else getter(device)
+        except (RuntimeError, TypeError, AssertionError, ValueError):
             return None
 
     def use_stream(self, stream: Any | None) -> AbstractContextManager[Any]:
@@ -116,8 +118,8 @@ class Device:
         module = self.module()
         if not all(hasattr(module, n) for n in ("memory_reserved", "memory_allocated", "mem_get_info")):
             return 0
-        index = device.index if device.index is not None else int(module.current_device())
         try:
+            index = device.index if device.index is not None else int(module.current_device())
             free, _ = module.mem_get_info(index)
             idle = int(module.memory_reserved(index)) - int(module.memory_allocated(index))
         except (RuntimeError, AssertionError):

@@ -144,8 +144,52 @@ def test_streamed_loading_keeps_ties_and_refuses_bad_shapes(
         load(tmp_path, True, monkeypatch)
 
 
-def test_only_accelerator_entries_are_streamed() -> None:
+def test_only_accelerators_with_streams_are_streamed(monkeypatch: pytest.MonkeyPatch) -> None:
     for value in ("cpu", "disk", "meta", CPU):
         assert loading._streamed_device(value) is None
+    if not torch.cuda.is_available():
+        assert loading._streamed_device("cuda:1") is None  # no streams to queue on: plain .to()
+    monkeypatch.setattr(transfer, "get_device", lambda kind: StreamedCpu())  # a backend with streams
     assert loading._streamed_device("cuda:1") == torch.device("cuda", 1)
     assert loading._streamed_device(torch.device("xpu", 0)) == torch.device("xpu", 0)
+
+
+class _Allocator:
+    """What `Device.reserve_memory` reads from a backend module, with chosen numbers."""
+
+    def __init__(self, free: int, reserved: int, allocated: int) -> None:
+        self.numbers = (free, reserved, allocated)
+
+    def current_device(self) -> int:
+        return 0
+
+    def mem_get_info(self, index: int) -> tuple[int, int]:
+        return self.numbers[0], 1 << 40
+
+    def memory_reserved(self, index: int) -> int:
+        return self.numbers[1]
+
+    def memory_allocated(self, index: int) -> int:
+        return self.numbers[2]
+
+
+@pytest.mark.parametrize(
+    ("free", "reserved", "allocated", "taken"),
+    [(10_000, 300, 200, 5_000), (10_000, 9_000, 1_000, 0), (2_000, 3_000, 1_000, 3_000)],
+    ids=["fresh block", "cache already holds it", "capped by free + cached, less the margin"],
+)
+def test_reserve_memory_warms_the_allocator_with_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, free: int, reserved: int, allocated: int, taken: int
+) -> None:
+    import accelerando.devices.base as base
+
+    class Backend(base.Device):
+        type = "cpu"  # the block is allocated (and dropped) on the host here
+
+        def module(self) -> _Allocator:
+            return _Allocator(free, reserved, allocated)
+
+    monkeypatch.setattr(base, "_RESERVE_MARGIN", 1_000)
+    assert Backend().reserve_memory(5_000, CPU) == taken
+    assert CpuDevice().reserve_memory(5_000, CPU) == 0 and CpuDevice().new_stream(CPU) is None
+    assert CpuDevice().pinned_empty(64).shape == (64,)
