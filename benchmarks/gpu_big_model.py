@@ -114,7 +114,7 @@ def offload_plan(folder: Path, device: str, off_layers: int) -> dict[str, Any]:
     if device == "cpu":
         budget: dict[Any, int] = {"cpu": resident}
     else:
-        budget = {0: resident, "cpu": (off_layers // 2) * layer + layer // 2}
+        budget = {0: resident, "cpu": (off_layers // 2 + 1) * layer + layer // 2}  # + room to run one
     return dict(infer_auto_device_map(model, max_memory=budget, no_split_module_classes=[BLOCK]))
 
 
