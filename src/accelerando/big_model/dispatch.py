@@ -201,7 +201,8 @@ def _hooks_of(module: nn.Module) -> list[AlignDevicesHook]:
 
 
 def link_prefetch_chain(model: nn.Module) -> set[str]:
-    """Chain offload hooks in module order (each prefetches the next); returns the names they serve."""
+    """Chain offload hooks in module order (each prefetches what follows, up to the largest block's
+    bytes ahead); returns the names they serve."""
     chain: list[AlignDevicesHook] = []
     served: set[str] = set()
     for module_name, module in model.named_modules():
@@ -209,8 +210,10 @@ def link_prefetch_chain(model: nn.Module) -> set[str]:
             chain.append(hook)
             prefix = f"{module_name}." if module_name else ""
             served.update(prefix + n for n in hook.offloaded_names())
+    largest = max((hook.offloaded_bytes() for hook in chain), default=0)
     for current, following in zip(chain, chain[1:] + chain[:1]):
         current.next_hook = following
+        current.prefetch_bytes = largest
     return served
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, MutableMapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 from torch import nn
 
+from accelerando.big_model import prefetch as device_prefetch
 from accelerando.big_model.offload import PrefixedDataset
 from accelerando.big_model.sizes import get_non_persistent_buffers, named_module_tensors
 from accelerando.big_model.tensors import (
@@ -138,23 +138,15 @@ def remove_hook_from_submodules(module: nn.Module) -> None:
     remove_hook_from_module(module, recurse=True)
 
 
-_PREFETCHER: ThreadPoolExecutor | None = None
-
-
-def _prefetcher() -> ThreadPoolExecutor:
-    global _PREFETCHER
-    if _PREFETCHER is None:
-        _PREFETCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelerando-prefetch")
-    return _PREFETCHER
-
-
 class AlignDevicesHook(ModelHook):
     """Runs a module on `execution_device`; with `offload`, fetches its weights for each call.
 
     `io_same_device` returns outputs on the device the inputs came from. `place_submodules`
     covers the tensors of the whole subtree (one hook per block), else only the module's own.
-    `next_hook` (set by `dispatch_model`) is the next offloaded block: its weights are prefetched
-    while this one runs.
+    `next_hook` (set by `dispatch_model`) is the next offloaded block: while this one runs, the
+    following blocks are prefetched until `prefetch_bytes` (the largest block's size) are on their
+    way, so a tiny block (a final norm) does not leave a large one after it (the head) unfetched.
+    On an accelerator they are copied on a side stream; see `prefetch.py`.
     """
 
     def __init__(
@@ -178,9 +170,10 @@ class AlignDevicesHook(ModelHook):
         self.tied_params_map = tied_params_map
         self.input_device: torch.device | None = None
         self.next_hook: AlignDevicesHook | None = None
+        self.prefetch_bytes = 0
         self.original_devices: dict[str, torch.device] = {}
         self._slots: list[tuple[str, nn.Module, str, bool, torch.Tensor]] = []
-        self._prefetched: dict[str, Future[torch.Tensor]] = {}
+        self._pending: device_prefetch.PendingWeights | None = None
 
     def __repr__(self) -> str:
         return (
@@ -248,6 +241,21 @@ class AlignDevicesHook(ModelHook):
     def offloaded_names(self) -> list[str]:
         return [name for name, *_ in self._slots]
 
+    def offloaded_bytes(self) -> int:
+        """Bytes this block's weights take on the execution device."""
+        return sum(meta.numel() * meta.element_size() for *_, meta in self._slots)
+
+    def prefetch_following(self) -> None:
+        """Prefetch the next blocks in the chain, starting each while less than `prefetch_bytes` are ahead."""
+        ahead, hook = 0, self.next_hook
+        while hook is not None and hook is not self and (ahead == 0 or ahead < self.prefetch_bytes):
+            hook.prefetch()
+            ahead += hook.offloaded_bytes()
+            hook = hook.next_hook
+
+    def _requests(self) -> tuple[list[str], list[torch.dtype]]:
+        return [name for name, *_ in self._slots], [meta.dtype for *_, meta in self._slots]
+
     def prefetch(self) -> None:
         """Start bringing this block's weights in (page cache on cpu; device copy on accelerators)."""
         if not self._slots or self.weights_map is None:
@@ -256,20 +264,27 @@ class AlignDevicesHook(ModelHook):
         if hint is not None:
             hint(self.offloaded_names())
         device = self._device()
-        if device is None or device.type == "cpu" or self._prefetched:
-            return
-        weights = self.weights_map
-        for name, _, _, _, meta in self._slots:
-            self._prefetched[name] = _prefetcher().submit(_fetch, weights, name, device, meta.dtype)
+        fetcher = None if device is None or self._pending is not None else device_prefetch.fetcher_for(device)
+        if fetcher is not None:
+            self._pending = fetcher.start(self.weights_map, *self._requests())
 
     def _materialise(self) -> None:
         device = self._device()
         assert self.weights_map is not None and device is not None
-        for name, parent, attr, is_buffer, meta in self._slots:
-            future = self._prefetched.pop(name, None)
-            value = (
-                future.result() if future is not None else _fetch(self.weights_map, name, device, meta.dtype)
-            )
+        names, dtypes = self._requests()
+        pending, self._pending = self._pending, None
+        fetcher = device_prefetch.fetcher_for(device)
+        if fetcher is None:
+            values = [_fetch(self.weights_map, name, device, dtype) for name, dtype in zip(names, dtypes)]
+        else:
+            if (
+                pending is None
+                or pending.fetcher is not fetcher
+                or pending.key != (tuple(names), tuple(dtypes))
+            ):
+                pending = fetcher.start(self.weights_map, names, dtypes)
+            values = pending.wait()
+        for (_name, parent, attr, is_buffer, meta), value in zip(self._slots, values):
             value = self._shared(value, device)
             if not is_buffer:
                 value = nn.Parameter(value, requires_grad=meta.requires_grad and value.is_floating_point())
@@ -285,8 +300,7 @@ class AlignDevicesHook(ModelHook):
             self.input_device = _first_device((args, kwargs))
         if self.offload and self._slots:
             self._materialise()
-            if self.next_hook is not None and self.next_hook is not self:
-                self.next_hook.prefetch()
+            self.prefetch_following()
         device = self.execution_device
         return send_to_device(args, device), send_to_device(kwargs, device, skip_keys=self.skip_keys)
 
@@ -301,6 +315,7 @@ class AlignDevicesHook(ModelHook):
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
+        self._pending = None
         if self.offload and self.weights_map is not None:
             for name, parent, attr, is_buffer, meta in self._slots:
                 device = self.original_devices.get(name, torch.device("meta"))
@@ -313,11 +328,12 @@ class AlignDevicesHook(ModelHook):
 def _fetch(
     weights: Mapping[str, torch.Tensor], name: str, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor:
+    """A served weight on a cpu execution device: the stored tensor itself unless it needs a cast."""
     value = weights[name]
-    cast = dtype if value.is_floating_point() and dtype.is_floating_point and value.dtype != dtype else None
+    cast = device_prefetch.served_dtype(value, dtype)
     if value.device == device and cast is None:
         return value
-    return value.to(device, dtype=cast, non_blocking=device.type != "cpu")
+    return value.to(device, dtype=cast)
 
 
 def _first_device(data: Any) -> torch.device | None:

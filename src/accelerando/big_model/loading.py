@@ -2,7 +2,9 @@
 
 safetensors tensors are memory-mapped: a weight kept on cpu in its stored dtype is used in place
 (zero copy, like `load_state_dict(assign=True)`), and a weight mapped to "disk" is not read at
-all: the offload index points at it in the original file.
+all: the offload index points at it in the original file. A weight bound for an accelerator goes
+through `transfer.DeviceTransfers`: several threads read file bytes into pinned buffers and copy
+them to the device asynchronously, into memory reserved in one allocation up front.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from accelerando.big_model.offload import (
     SAFETENSORS_DTYPES,
     load_offloaded_weights,
     offload_weight,
+    safetensors_spans,
     save_offload_index,
 )
 from accelerando.big_model.sizes import (
@@ -33,7 +36,15 @@ from accelerando.big_model.sizes import (
     named_module_tensors,
     retie_parameters,
 )
-from accelerando.big_model.tensors import set_module_tensor_to_device
+from accelerando.big_model.tensors import as_torch_device, check_shape, set_module_tensor_to_device
+from accelerando.big_model.transfer import (
+    DeviceTransfers,
+    FileSpan,
+    HostSource,
+    Transfer,
+    has_streams,
+    raw_reads_supported,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +148,9 @@ class _Loader:
         self.single = None if device_map is None or set(device_map) != {""} else device_map[""]
         self.report = LoadReport()
         self.loaded: set[str] = set()
+        self.transfers = DeviceTransfers()
+        self.in_flight: list[tuple[str, torch.dtype]] = []
+        self.spans: dict[str, dict[str, tuple[int, int]]] = {}
 
     def target(self, name: str) -> DeviceKey:
         if self.single is not None:
@@ -145,6 +159,19 @@ class _Loader:
             current = self.expected[name].device
             return "cpu" if current.type == "meta" else str(current)
         return device_for(name, self.device_map)
+
+    def reserve_device_memory(self) -> None:
+        """Tell each accelerator how many bytes are coming, so it can set them aside in one go."""
+        totals: dict[torch.device, int] = {}
+        for name, tensor in self.expected.items():
+            try:
+                device = _streamed_device(self.target(name))
+            except ValueError:  # not in the map: only an error if the checkpoint holds it
+                continue
+            if device is not None:
+                dtype = _load_dtype(name, tensor.dtype, self.dtype, self.keep_fp32, tensor.dtype)
+                totals[device] = totals.get(device, 0) + tensor.numel() * dtype.itemsize
+        self.transfers.reserve(totals)
 
     def load_file(self, path: Path) -> None:
         if path.suffix == ".safetensors":
@@ -179,7 +206,22 @@ class _Loader:
             }
             self._to_meta(key, final)
             return
+        device = _streamed_device(self.target(key))
+        if device is not None and raw_reads_supported():
+            entry = handle.get_slice(key)
+            stored = SAFETENSORS_DTYPES.get(entry.get_dtype())
+            if stored is not None and stored == self._final_dtype(key, stored):
+                span = self._span(str(path), key)
+                self._send(key, FileSpan(str(path), *span), tuple(entry.get_shape()), stored, device)
+                return
         self._place(key, handle.get_tensor(key))
+
+    def _span(self, path: str, key: str) -> tuple[int, int]:
+        """Where `key`'s bytes are in `path` (the header is read once per file and load)."""
+        spans = self.spans.get(path)
+        if spans is None:
+            spans = self.spans[path] = safetensors_spans(path)
+        return spans[key]
 
     def _offloadable(self, key: str) -> bool:
         parent, _, attr = key.rpartition(".")
@@ -211,8 +253,20 @@ class _Loader:
             return
         if device == "cpu" and value.dtype == final and self._assign(key, value):
             return
+        streamed = _streamed_device(device)
+        if streamed is not None:
+            self._send(key, value, tuple(value.shape), final, streamed)
+            return
         set_module_tensor_to_device(self.model, key, device, value=value, dtype=final)
         self.loaded.add(key)
+
+    def _send(
+        self, key: str, source: HostSource, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> None:
+        """Queue a weight for the loader threads; it is put in the model by `finish`, in order."""
+        check_shape(key, tuple(self.expected[key].shape), shape)
+        self.transfers.submit(Transfer(source, shape, dtype, device))
+        self.in_flight.append((key, dtype))
 
     def _assign(self, key: str, value: torch.Tensor) -> bool:
         """Fast path: a cpu parameter in its stored dtype is used as is (zero copy), like assign=True."""
@@ -228,6 +282,9 @@ class _Loader:
         return True
 
     def finish(self) -> LoadReport:
+        for (key, dtype), value in zip(self.in_flight, self.transfers.results()):
+            set_module_tensor_to_device(self.model, key, value.device, value=value, dtype=dtype)
+            self.loaded.add(key)
         if self.staging is not None and self.staged:
             load_offloaded_weights(self.model, self.staged, self.staging)
         persistent = {
@@ -259,9 +316,14 @@ def load_checkpoint(
         loader = _Loader(
             model, device_map, _as_dtype(dtype), folder, offload_buffers, keep_in_fp32_modules or [], staging
         )
-        for path in resolve_checkpoint_files(checkpoint):
-            loader.load_file(path)
-        report = loader.finish()
+        files = resolve_checkpoint_files(checkpoint)
+        try:
+            loader.reserve_device_memory()
+            for path in files:
+                loader.load_file(path)
+            report = loader.finish()
+        finally:
+            loader.transfers.close()
     retie_parameters(model, tied)
     tied_names = {n for group in tied for n in group}
     tied_loaded = {n for group in tied if any(m in loader.loaded for m in group) for n in group}
@@ -269,6 +331,18 @@ def load_checkpoint(
     _alias_tied_offloads(report.offload_index, tied)
     _report_mismatches(report, strict, tied_names)
     return report
+
+
+def _streamed_device(device: DeviceKey) -> torch.device | None:
+    """The accelerator with streams a map value names (its weights go through the loader threads).
+
+    None for the cpu, disk and meta, and for backends without streams (MPS, XLA): those keep the
+    plain `.to(device)` in the main thread.
+    """
+    if device in ("cpu", "disk", "meta") or not isinstance(device, (int, str, torch.device)):
+        return None
+    resolved = as_torch_device(device)
+    return resolved if resolved.type not in ("cpu", "meta") and has_streams(resolved) else None
 
 
 class _null:

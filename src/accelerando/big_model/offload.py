@@ -208,20 +208,24 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
 _SPANS: dict[str, dict[str, tuple[int, int]]] = {}
 
 
+def safetensors_spans(file: str) -> dict[str, tuple[int, int]]:
+    """name -> (byte offset, length) of every tensor in a safetensors file, read from its JSON header."""
+    with open(file, "rb") as fh:
+        (header_len,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(header_len))
+    base = 8 + header_len
+    return {
+        k: (base + v["data_offsets"][0], v["data_offsets"][1] - v["data_offsets"][0])
+        for k, v in header.items()
+        if k != "__metadata__"
+    }
+
+
 def _safetensors_span(file: str, name: str) -> tuple[int, int]:
-    """(byte offset, length) of tensor `name` in a safetensors file, from its JSON header (cached)."""
+    """One tensor's span, cached per file (used for read-ahead hints only, where stale is harmless)."""
     spans = _SPANS.get(file)
     if spans is None or name not in spans:
-        with open(file, "rb") as fh:
-            (header_len,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(header_len))
-        base = 8 + header_len
-        spans = {
-            k: (base + v["data_offsets"][0], v["data_offsets"][1] - v["data_offsets"][0])
-            for k, v in header.items()
-            if k != "__metadata__"
-        }
-        _SPANS[file] = spans
+        spans = _SPANS[file] = safetensors_spans(file)
     return spans[name]
 
 

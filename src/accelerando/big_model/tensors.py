@@ -51,10 +51,8 @@ def set_module_tensor_to_device(
     old = parent._buffers[name] if is_buffer else parent._parameters[name]
     if old is None:
         raise ValueError(f"{tensor_name!r} is None in {type(parent).__name__}; nothing to place")
-    if value is not None and tuple(old.shape) != tuple(value.shape):
-        raise ValueError(
-            f"value for {tensor_name!r} has shape {tuple(value.shape)} but the model expects {tuple(old.shape)}"
-        )
+    if value is not None:
+        check_shape(tensor_name, tuple(old.shape), tuple(value.shape))
     new = old if value is None else value
     target_dtype = _target_dtype(old, new, dtype)
     target = torch.device("meta") if device == "meta" else as_torch_device(device)
@@ -67,6 +65,12 @@ def set_module_tensor_to_device(
         parent._parameters[name] = new  # type: ignore[assignment]
     if fp16_statistics is not None:
         parent._parameters[name].SCB = fp16_statistics.to(target)  # type: ignore[union-attr]
+
+
+def check_shape(tensor_name: str, expected: tuple[int, ...], got: tuple[int, ...]) -> None:
+    """A value must have the shape of the tensor it replaces."""
+    if expected != got:
+        raise ValueError(f"value for {tensor_name!r} has shape {got} but the model expects {expected}")
 
 
 def _resolve(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:

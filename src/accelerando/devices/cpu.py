@@ -51,3 +51,15 @@ class CpuDevice(Device):
 
     def manual_seed_all(self, seed: int) -> None:
         return None
+
+    def new_stream(self, device: torch.device) -> Any | None:
+        return None
+
+    def current_stream(self, device: torch.device) -> Any | None:
+        return None
+
+    def pinned_empty(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def reserve_memory(self, nbytes: int, device: torch.device) -> int:
+        return 0
