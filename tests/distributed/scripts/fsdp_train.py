@@ -88,7 +88,7 @@ def main() -> None:
     acc, model, _ = check_parity(
         "hybrid", FullyShardedDataParallelPlugin(sharding_strategy="HYBRID_SHARD"), steps=2
     )
-    assert acc.strategy.mesh().mesh_dim_names == ("replicate", "shard")
+    assert acc.strategy.mesh().mesh_dim_names == ("dp_replicate", "dp_shard")
 
     # torch.compile (the facade compiles blocks in place before sharding): same numbers.
     from accelerando.config.options import TorchDynamoPlugin
