@@ -19,7 +19,6 @@ from accelerando.config import env
 from accelerando.config.options import (
     AutocastKwargs,
     DataLoaderConfiguration,
-    DistributedType,
     GradientAccumulationPlugin,
     ProjectConfiguration,
     TorchDynamoPlugin,
@@ -171,6 +170,7 @@ class Accelerator(ConfigViews):
     is_local_main_process = _from_state("is_local_main_process")
     is_last_process = _from_state("is_last_process")
     use_distributed = _from_state("use_distributed")
+    is_fsdp2 = _from_state("is_fsdp2")
     wait_for_everyone = _state_method("wait_for_everyone")
     main_process_first = _state_method("main_process_first")
     local_main_process_first = _state_method("local_main_process_first")
@@ -189,10 +189,6 @@ class Accelerator(ConfigViews):
     @property
     def mixed_precision(self) -> str:
         return self._runtime.mixed_precision
-
-    @property
-    def is_fsdp2(self) -> bool:
-        return self.distributed_type == DistributedType.FSDP
 
     @property
     def data_parallel_rank(self) -> int:

@@ -65,7 +65,13 @@ def read_payload(ckpt: Checkpointer, directory: Path, models: list[Any], *, stri
     _check_counts(ckpt, meta, directory, len(models))
     layout = Layout.from_meta(meta.get("layout", {}))
     state_io = ckpt.strategy.state_io()
-    refusal = state_io.refusal(meta)
+    saved_format = meta.get("state_format")  # absent before 0.2: the format's own check decides
+    if saved_format not in (None, state_io.name):
+        refusal: str | None = (
+            f"it holds {saved_format} state, but strategy {ckpt.strategy.name!r} reads {state_io.name} state"
+        )
+    else:
+        refusal = state_io.refusal(meta)
     if refusal is not None:
         raise CheckpointError(f"checkpoint {str(directory)!r} cannot be loaded: {refusal}")
     payload = Payload(meta=meta, state_io=state_io)

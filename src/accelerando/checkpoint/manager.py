@@ -191,6 +191,7 @@ class Checkpointer:
             "world_size": int(self.topology.world_size),
             "counts": self.objects.counts(n_models),
             **state_io.describe(),
+            "state_format": state_io.name,
             "layout": layout.describe(),
             "dataloaders": loader_notes,
             "mixed_precision": str(self.precision.name),

@@ -35,6 +35,7 @@ class _StrategyStateIO(StateIO):
         return {_SHARDED_KEY: self.sharded}
 
     def refusal(self, meta: dict[str, Any]) -> str | None:
+        """Checkpoints that predate `state_format` say only whether they are sharded."""
         saved = bool(meta.get(_SHARDED_KEY, False))
         if saved == self.sharded:
             return None
