@@ -14,11 +14,11 @@ import torch
 from accelerando import _prepare, _runtime
 from accelerando._accumulation import advance_window
 from accelerando._config_views import ConfigViews
+from accelerando.checkpoint.objects import TrainingObjects
 from accelerando.config import env
 from accelerando.config.options import (
     AutocastKwargs,
     DataLoaderConfiguration,
-    DistributedType,
     GradientAccumulationPlugin,
     ProjectConfiguration,
     TorchDynamoPlugin,
@@ -30,7 +30,7 @@ from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.precision import build_precision
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState, GradientState, configure_gradient
-from accelerando.strategies import StrategyContext, build_strategy
+from accelerando.strategies import PrepareRequest, resolve_strategy
 
 
 def _from_state(name: str) -> Any:
@@ -93,13 +93,10 @@ class Accelerator(ConfigViews):
         self._setup_components()
         self.state = AcceleratorState()
         self.gradient_state = GradientState()
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[Any] = []
-        self._custom_objects: list[Any] = []
+        self._objects = TrainingObjects(
+            gradient=self._runtime.gradient, device_kind=self._runtime.device_kind
+        )
         self._checkpointer_instance: Any = None
-        self.step = 0
         self.flag_tensor: torch.Tensor | None = None
 
     def _setup_components(self) -> None:
@@ -112,19 +109,9 @@ class Accelerator(ConfigViews):
         precision = build_precision(
             cfg.mixed_precision, rt.device.type, cfg.handlers.autocast, cfg.handlers.scaler, cfg.handlers.fp8
         )
-        ctx = StrategyContext(
-            device=rt.device,
-            world_size=rt.topology.world_size,
-            rank=rt.topology.rank,
-            precision=precision,
-            backend=rt.backend,
+        strategy = resolve_strategy(
+            cfg, topology=rt.topology, device=rt.device, precision=precision, backend=rt.backend
         )
-        if cfg.use_fsdp:
-            strategy = build_strategy("fsdp2", ctx, plugin=cfg.fsdp_plugin)
-        elif rt.topology.world_size > 1:
-            strategy = build_strategy("ddp", ctx, ddp_kwargs=cfg.handlers.ddp)
-        else:
-            strategy = build_strategy("single_device", ctx)
         strategy.setup_environment()
         rt.precision, rt.strategy, rt.mixed_precision = precision, strategy, cfg.mixed_precision
         configure_gradient(rt.gradient, cfg.gradient)
@@ -142,6 +129,36 @@ class Accelerator(ConfigViews):
     def precision(self) -> Any:
         return self._runtime.precision
 
+    # ---- what was prepared: the registry the checkpointer reads ------------------------------
+    @property
+    def step(self) -> int:
+        """Micro-batches since the last optimizer step (saved and restored by checkpoints)."""
+        return self._objects.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._objects.step = value
+
+    @property
+    def _models(self) -> list[torch.nn.Module]:
+        return self._objects.models
+
+    @property
+    def _optimizers(self) -> list[AcceleratedOptimizer]:
+        return self._objects.optimizers
+
+    @property
+    def _schedulers(self) -> list[AcceleratedScheduler]:
+        return self._objects.schedulers
+
+    @property
+    def _dataloaders(self) -> list[Any]:
+        return self._objects.dataloaders
+
+    @property
+    def _custom_objects(self) -> list[Any]:
+        return self._objects.custom
+
     # ---- process properties ----------------------------------------------------------------
     # ---- process placement and control: the state view answers ------------------------------
     device = _from_state("device")
@@ -153,6 +170,7 @@ class Accelerator(ConfigViews):
     is_local_main_process = _from_state("is_local_main_process")
     is_last_process = _from_state("is_last_process")
     use_distributed = _from_state("use_distributed")
+    is_fsdp2 = _from_state("is_fsdp2")
     wait_for_everyone = _state_method("wait_for_everyone")
     main_process_first = _state_method("main_process_first")
     local_main_process_first = _state_method("local_main_process_first")
@@ -171,10 +189,6 @@ class Accelerator(ConfigViews):
     @property
     def mixed_precision(self) -> str:
         return self._runtime.mixed_precision
-
-    @property
-    def is_fsdp2(self) -> bool:
-        return self.distributed_type == DistributedType.FSDP
 
     @property
     def data_parallel_rank(self) -> int:
@@ -203,38 +217,42 @@ class Accelerator(ConfigViews):
             )
         kinds = [_prepare.kind_of(a) for a in args]
         result = list(args)
-        model_idx = [i for i, k in enumerate(kinds) if k == _prepare.MODEL]
-        opt_idx = [i for i, k in enumerate(kinds) if k == _prepare.OPTIMIZER]
-        models = [self._prepare_module(args[i], device_placement[i]) for i in model_idx]
-        optimizers = [args[i] for i in opt_idx]
-        models, optimizers = self.strategy.prepare(models, optimizers)
-        for i, m in zip(model_idx, models):
-            result[i] = m
-            self._models.append(m)
-        for i, opt in zip(opt_idx, optimizers):
-            result[i] = self._wrap_optimizer(opt, device_placement[i])
-        for i, kind in enumerate(kinds):
+        for i, kind in enumerate(kinds):  # loaders first: the strategy is told their batch sizes
             if kind == _prepare.DATALOADER:
                 result[i] = self.prepare_data_loader(args[i], device_placement=device_placement[i])
-            elif kind == _prepare.SCHEDULER:
-                result[i] = self.prepare_scheduler(args[i])
-        return result[0] if len(result) == 1 else tuple(result)
-
-    def _prepare_module(self, model: torch.nn.Module, placement: bool, evaluation_mode: bool = False) -> Any:
-        return _prepare.prepare_module(
-            model,
-            device=self.device if placement else None,
-            precision=self.precision,
-            dynamo=self.config.dynamo,
-            distributed=self.use_distributed and not self.strategy.capabilities.shards_parameters,
+        index = {k: [i for i, kind in enumerate(kinds) if kind == k] for k in _prepare.KINDS}
+        prepared = self.strategy.prepare(
+            PrepareRequest(
+                models=[args[i] for i in index[_prepare.MODEL]],
+                optimizers=[args[i] for i in index[_prepare.OPTIMIZER]],
+                schedulers=[args[i] for i in index[_prepare.SCHEDULER]],
+                batch_sizes=[
+                    _prepare.micro_batch_size(dl, self.data_parallel_size) for dl in self._dataloaders
+                ],
+                device_placement=[device_placement[i] for i in index[_prepare.MODEL]],
+                dynamo=self.config.dynamo,
+            )
         )
+        for i, model in zip(index[_prepare.MODEL], prepared.models):
+            result[i] = model
+            self._models.append(model)
+        for i, opt in zip(index[_prepare.OPTIMIZER], prepared.optimizers):
+            result[i] = self._wrap_optimizer(opt, device_placement[i])
+        for i, scheduler in zip(index[_prepare.SCHEDULER], prepared.schedulers):
+            result[i] = self.prepare_scheduler(scheduler)
+        return result[0] if len(result) == 1 else tuple(result)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
         placement = self.device_placement if device_placement is None else device_placement
-        prepared = self._prepare_module(model, placement)
-        (wrapped,), _ = self.strategy.prepare([prepared], [], evaluation_mode=evaluation_mode)
+        request = PrepareRequest(
+            models=[model],
+            device_placement=[placement],
+            dynamo=self.config.dynamo,
+            evaluation_mode=evaluation_mode,
+        )
+        (wrapped,) = self.strategy.prepare(request).models
         self._models.append(wrapped)
         return wrapped
 
@@ -338,24 +356,9 @@ class Accelerator(ConfigViews):
         """The strategy's context in which `model`'s backward does not synchronise gradients."""
         return self.strategy.no_sync(model)
 
-    @staticmethod
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(model: torch.nn.Module) -> Iterator[None]:
-        """Make the next backward of a DDP model all-reduce even after forwards under `no_sync`."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        if not isinstance(model, DistributedDataParallel):
-            yield
-            return
-        previous = model.require_backward_grad_sync
-        model.require_backward_grad_sync = True
-        model.require_forward_param_sync = True
-        model.reducer.prepare_for_backward([])
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync = previous
-            model.require_forward_param_sync = previous
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Make the next backward synchronise gradients even after forwards under `no_sync`."""
+        return self.strategy.sync_in_backward(model)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Scale the loss for accumulation and precision, then run the strategy's backward."""
@@ -422,13 +425,14 @@ class Accelerator(ConfigViews):
     def gather(self, tensor: Any) -> Any:
         return collectives.gather(tensor)
 
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather, then drop the samples that even_batches duplicated to pad the last batch."""
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False, group: Any = None) -> Any:
+        """Gather over the data-parallel ranks (or `group`), then drop the samples that even_batches
+        duplicated to pad the last batch."""
         leaves_are_tensors = is_tensor_tree(input_data)
         if use_gather_object or not leaves_are_tensors:
-            data = collectives.gather_object(input_data)
+            data = collectives.gather_object(input_data, group=group)
         else:
-            data = collectives.gather(input_data)
+            data = collectives.gather(input_data, group=group)
         if not self.gradient_state.end_of_dataloader:
             return data
         remainder = self.gradient_state.remainder
@@ -459,19 +463,14 @@ class Accelerator(ConfigViews):
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
-        """Let ranks run different numbers of steps (DDP `Join`), optionally with even_batches overridden."""
-        from torch.distributed.algorithms.join import Join
-
+        """Let ranks run different numbers of steps (the strategy's join), optionally with even_batches overridden."""
         loaders = [dl for dl in self._dataloaders if hasattr(dl, "even_batches")]
         saved = [dl.even_batches for dl in loaders]
         if even_batches is not None:
             for dl in loaders:
                 dl.even_batches = even_batches
         try:
-            if self.use_distributed and not self.strategy.capabilities.shards_parameters:
-                with Join(joinables):
-                    yield
-            else:
+            with self.strategy.join_context(joinables):
                 yield
         finally:
             for dl, value in zip(loaders, saved):
@@ -480,11 +479,7 @@ class Accelerator(ConfigViews):
     # ---- lifecycle -------------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:
         self.strategy.teardown()
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
-        self.step = 0
+        self._objects.clear()
         gc.collect()
         if self.device.type != "cpu":
             self._runtime.device_kind.empty_cache()
@@ -501,7 +496,9 @@ class Accelerator(ConfigViews):
         from accelerando.checkpoint.manager import Checkpointer
 
         if getattr(self, "_checkpointer_instance", None) is None:
-            self._checkpointer_instance = Checkpointer(self)
+            self._checkpointer_instance = Checkpointer(
+                self._objects, self.strategy, self.project_configuration
+            )
         return self._checkpointer_instance
 
     def save_state(

@@ -2,8 +2,9 @@
 
 - With `step_with_optimizer=True` (the default) the schedule advances only on steps where the
   optimizers actually stepped: not on accumulation steps, not after an fp16 overflow skip.
-- Without `split_batches`, each optimizer step advances the schedule `num_processes` times,
-  because a schedule written for one process counts per-process batches.
+- Without `split_batches`, each optimizer step advances the schedule once per data-parallel rank
+  (`num_processes` without tensor or context parallelism), because a schedule written for one
+  process counts per-process batches.
 - With accumulation and `adjust_scheduler`, skipped micro-steps still advance the step counter.
 """
 
@@ -39,12 +40,16 @@ class AcceleratedScheduler:
             return
         if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
             return
-        repeats = 1 if self.split_batches else self._runtime.topology.world_size
+        repeats = 1 if self.split_batches else self._data_parallel_size()
         for _ in range(repeats):
             total = getattr(self.scheduler, "total_steps", None)
             if total is not None and self.scheduler._step_count > total:
                 break  # OneCycleLR raises past its end
             self.scheduler.step(*args, **kwargs)
+
+    def _data_parallel_size(self) -> int:
+        strategy = self._runtime.strategy
+        return strategy.data_parallel_size if strategy is not None else self._runtime.topology.world_size
 
     def get_last_lr(self) -> list[float]:
         return self.scheduler.get_last_lr()

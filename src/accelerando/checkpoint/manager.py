@@ -14,26 +14,38 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from accelerando.checkpoint import atomic, naming, rng
-from accelerando.checkpoint import state_dict as sd_io
 from accelerando.checkpoint.atomic import CheckpointError
 from accelerando.checkpoint.layout import Layout
+from accelerando.checkpoint.objects import TrainingObjects
+from accelerando.checkpoint.state_io import OptimizerSlot, StateIO
+from accelerando.config.options import ProjectConfiguration
 from accelerando.utils.constants import SCALER_NAME
+
+if TYPE_CHECKING:
+    from accelerando.strategies.base import Strategy
 
 logger = logging.getLogger(__name__)
 STATE_NAME = "accelerando_state.json"
 
 
 class Checkpointer:
-    """Checkpoint I/O for one `Accelerator`; reads its prepared objects, never owns them."""
+    """Checkpoint I/O over a registry of training objects and the strategy that owns their format.
 
-    def __init__(self, accelerator: Any) -> None:
-        self.acc = accelerator
+    It reads the objects, never owns them, and never sees the `Accelerator`.
+    """
+
+    def __init__(self, objects: TrainingObjects, strategy: Strategy, project: ProjectConfiguration) -> None:
+        self.objects = objects
+        self.strategy = strategy
+        self.project = project
+        self.topology = strategy.ctx.topology
+        self.precision = strategy.ctx.precision
         self._save_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._load_hooks: OrderedDict[int, Callable] = OrderedDict()
 
@@ -54,18 +66,21 @@ class Checkpointer:
     # ---- process roles -----------------------------------------------------------------------
     @property
     def _rank(self) -> int:
-        return int(self.acc.process_index)
+        return self.topology.rank
 
     @property
     def _is_writer(self) -> bool:
         """Writes the shared files: the main process, or each node's local main with save_on_each_node."""
-        if self.acc.project_configuration.save_on_each_node:
-            return bool(self.acc.local_process_index == 0)
+        if self.project.save_on_each_node:
+            return self.topology.local_rank == 0
         return self._rank == 0
+
+    def _optimizer_slots(self) -> list[OptimizerSlot]:
+        return [OptimizerSlot(opt.optimizer, self.objects.owner_of(opt)) for opt in self.objects.optimizers]
 
     # ---- save ------------------------------------------------------------------------------
     def _resolve_output_dir(self, output_dir: str | None) -> tuple[Path, Path | None]:
-        project = self.acc.project_configuration
+        project = self.project
         if project.automatic_checkpoint_naming:
             if output_dir is not None:
                 logger.warning("automatic_checkpoint_naming is on: output_dir=%r is ignored", output_dir)
@@ -94,27 +109,26 @@ class Checkpointer:
                 "safe_serialization"
             )
         target, root = self._resolve_output_dir(output_dir)
-        limit = self.acc.project_configuration.total_limit
+        limit = self.project.total_limit
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ValueError(
                 f"ProjectConfiguration.total_limit must be an integer >= 1 or None, got {limit!r}"
             )
-        if self.acc._runtime.gradient.step_in_window != 0:
+        gradient = self.objects.gradient
+        if gradient is not None and gradient.step_in_window != 0:
             logger.warning(
                 "save_state inside an accumulation window: the accumulated gradients are not saved"
             )
-        strategy = self.acc.strategy
+        state_io = self.strategy.state_io()
         layout = Layout(safe_serialization=safe_serialization)
-        models = list(self.acc._models)
-        weights = (
-            [] if strategy.sharded_checkpoint else [strategy.model_state_dict(m, full=True) for m in models]
-        )
+        models = list(self.objects.models)
+        weights = state_io.weights_for_hooks(models)
         stage = atomic.StagedCheckpoint(target, is_writer=self._is_writer).open()
         error: BaseException | None = None
         try:
             for hook in list(self._save_hooks.values()):
                 hook(models, weights, str(stage.path))
-            self._write_all(stage, layout, models, weights)
+            self._write_all(stage, layout, state_io, models, weights)
         except BaseException as err:  # noqa: BLE001 - every rank must learn of the failure first
             error = err
         if atomic.any_rank(error is not None):
@@ -124,112 +138,69 @@ class Checkpointer:
             raise CheckpointError(
                 f"another rank failed while saving {str(target)!r}; the previous checkpoint is intact"
             )
-        stage.publish(self.acc.num_processes, extra={"layout": layout.describe()})
+        stage.publish(self.topology.world_size, extra={"layout": layout.describe()})
         if root is not None:
-            self.acc.project_configuration.iteration += 1
+            self.project.iteration += 1
             if self._is_writer:
                 naming.enforce_total_limit(root, limit)
             atomic.barrier()
         return str(target)
 
     def _write_all(
-        self, stage: atomic.StagedCheckpoint, layout: Layout, models: list[Any], weights: list[Any]
+        self,
+        stage: atomic.StagedCheckpoint,
+        layout: Layout,
+        state_io: StateIO,
+        models: list[Any],
+        weights: list[Any],
     ) -> None:
-        strategy = self.acc.strategy
-        writer = self._is_writer
-        if strategy.sharded_checkpoint:
-            self._write_sharded(stage, layout, models)
-        elif writer:
-            aligned = len(weights) == len(models)  # a save hook may have taken some weights over
-            for i, sd in enumerate(weights):
-                drop = sd_io.tied_targets(strategy.unwrap(models[i])) if aligned else set()
-                stage.write(
-                    layout.model(i), lambda p, sd=sd, d=drop: sd_io.write_model_file(p, sd, layout.safe, d)
-                )
-        optimizer_states = (
-            []
-            if strategy.sharded_checkpoint
-            else [
-                strategy.optimizer_state_dict(self._owner(opt), opt.optimizer, full=True)
-                for opt in self.acc._optimizers
-            ]
+        writer, objects = self._is_writer, self.objects
+        saved_models = state_io.save(
+            stage, layout, models, weights, self._optimizer_slots(), writer=writer, rank=self._rank
         )
         if writer:
-            for i, state in enumerate(optimizer_states):
-                stage.write(layout.optimizer(i), state)
-            for i, sched in enumerate(self.acc._schedulers):
+            for i, sched in enumerate(objects.schedulers):
                 stage.write(layout.scheduler(i), sched.state_dict())
-            scaler_state = self.acc.precision.state_dict()
+            scaler_state = self.precision.state_dict()
             if scaler_state:
                 stage.write(SCALER_NAME, scaler_state)
             loader_notes = []
-            for i, dl in enumerate(self.acc._dataloaders):
+            for i, dl in enumerate(objects.dataloaders):
                 state, note = _loader_state(dl)
                 loader_notes.append(note)
                 stage.write(layout.dataloader(i), state)
-            for i, obj in enumerate(self.acc._custom_objects):
+            for i, obj in enumerate(objects.custom):
                 stage.write(layout.custom(i), obj.state_dict())
-            meta = self._counters(
-                layout, loader_notes, len(models) if strategy.sharded_checkpoint else len(weights)
-            )
+            meta = self._counters(layout, loader_notes, saved_models, state_io)
             stage.write(STATE_NAME, lambda p: p.write_text(json.dumps(meta, indent=1)))
-        rng_state = rng.capture_rng_state(self.acc._runtime.device_kind)
+        rng_state = rng.capture_rng_state(objects.device_kind)
         stage.write(layout.rng(self._rank), rng_state)
 
-    def _write_sharded(self, stage: atomic.StagedCheckpoint, layout: Layout, models: list[Any]) -> None:
-        """DCP from every rank into the staging directory; each rank records the files it wrote."""
-        strategy = self.acc.strategy
-        rank = self._rank
-
-        def mine(fname: str) -> bool:
-            return fname.startswith(f"__{rank}_") or (rank == 0 and not fname.startswith("__"))
-
-        for i, model in enumerate(models):
-            sd_io.save_sharded(
-                stage.path / layout.sharded_model(i), {"model": strategy.model_state_dict(model, full=False)}
-            )
-            stage.track_tree(layout.sharded_model(i), mine)
-        for i, opt in enumerate(self.acc._optimizers):
-            state = strategy.optimizer_state_dict(self._owner(opt), opt.optimizer, full=False)
-            sd_io.save_sharded(stage.path / layout.sharded_optimizer(i), {"optimizer": state})
-            stage.track_tree(layout.sharded_optimizer(i), mine)
-
-    def _counters(self, layout: Layout, loader_notes: list[str], n_models: int) -> dict[str, Any]:
-        g = self.acc._runtime.gradient
+    def _counters(
+        self, layout: Layout, loader_notes: list[str], n_models: int, state_io: StateIO
+    ) -> dict[str, Any]:
+        g = self.objects.gradient
         return {
-            "step": int(self.acc.step),
+            "step": int(self.objects.step),
             "gradient": {
-                "step_in_window": g.step_in_window,
-                "window_size": g.window_size,
-                "sync_gradients": bool(g.sync_gradients),
+                "step_in_window": g.step_in_window if g is not None else 0,
+                "window_size": g.window_size if g is not None else 1,
+                "sync_gradients": bool(g.sync_gradients) if g is not None else True,
             },
-            "iteration": int(self.acc.project_configuration.iteration),
-            "world_size": int(self.acc.num_processes),
-            "counts": {
-                "models": n_models,
-                "optimizers": len(self.acc._optimizers),
-                "schedulers": len(self.acc._schedulers),
-                "dataloaders": len(self.acc._dataloaders),
-                "custom_objects": len(self.acc._custom_objects),
-            },
-            "sharded": bool(self.acc.strategy.sharded_checkpoint),
+            "iteration": int(self.project.iteration),
+            "world_size": int(self.topology.world_size),
+            "counts": self.objects.counts(n_models),
+            **state_io.describe(),
+            "state_format": state_io.name,
             "layout": layout.describe(),
             "dataloaders": loader_notes,
-            "mixed_precision": str(self.acc.mixed_precision),
+            "mixed_precision": str(self.precision.name),
             "torch_version": torch.__version__,
         }
 
-    def _owner(self, optimizer: Any) -> torch.nn.Module | None:
-        """The prepared model whose parameters the optimizer updates (strategies need the pair)."""
-        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        for model in self.acc._models:
-            if any(id(p) in params for p in model.parameters()):
-                return model
-        return self.acc._models[0] if len(self.acc._models) == 1 else None
-
     # ---- load ------------------------------------------------------------------------------
     def _resolve_input_dir(self, input_dir: str | None) -> Path:
-        project = self.acc.project_configuration
+        project = self.project
         if input_dir is not None:
             return Path(input_dir)
         if not project.automatic_checkpoint_naming:
@@ -263,7 +234,7 @@ class Checkpointer:
             raise ValueError(f"load_state(verify={verify!r}): accepted values are {atomic.VERIFY_MODES}")
         strict = bool(load_model_func_kwargs.get("strict", True))
         directory = self._resolve_input_dir(input_dir)
-        models = list(self.acc._models)
+        models = list(self.objects.models)
         for hook in list(self._load_hooks.values()):
             hook(models, str(directory))
         # Presence and sizes are checked before any read (cheap, and a missing shard must not
@@ -280,7 +251,7 @@ class Checkpointer:
                 raise early
             raise CheckpointError(f"another rank found {str(directory)!r} incomplete; nothing was loaded")
         check = None
-        if self.acc.local_process_index == 0 and verify == "full":
+        if self.topology.local_rank == 0 and verify == "full":
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-verify")
             check = pool.submit(atomic.validate_checkpoint, directory, verify)
             pool.shutdown(wait=False)
@@ -302,8 +273,8 @@ class Checkpointer:
             )
         assert payload is not None
         apply_payload(self, payload)
-        if self.acc.project_configuration.automatic_checkpoint_naming:
-            self.acc.project_configuration.iteration = int(payload.meta.get("iteration", -1)) + 1
+        if self.project.automatic_checkpoint_naming:
+            self.project.iteration = int(payload.meta.get("iteration", -1)) + 1
         return str(directory)
 
     # ---- models ------------------------------------------------------------------------------
@@ -316,17 +287,17 @@ class Checkpointer:
     ) -> None:
         from accelerando.checkpoint import model_io
 
-        model_io.save_model(self.acc, model, save_directory, max_shard_size, safe_serialization)
+        model_io.save_model(self.strategy, model, save_directory, max_shard_size, safe_serialization)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         from accelerando.checkpoint import model_io
 
-        model_io.save(self.acc, obj, f, safe_serialization=safe_serialization)
+        model_io.save(self.strategy, obj, f, safe_serialization=safe_serialization)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         from accelerando.checkpoint import model_io
 
-        return model_io.get_state_dict(self.acc, model, unwrap=unwrap)
+        return model_io.get_state_dict(self.strategy, model, unwrap=unwrap)
 
     def wait(self) -> None:
         """Saves are synchronous today; kept so an asynchronous checkpointer can slot in."""

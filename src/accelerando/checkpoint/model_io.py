@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,14 +26,17 @@ from accelerando.utils.constants import (
     WEIGHTS_PATTERN_NAME,
 )
 
+if TYPE_CHECKING:
+    from accelerando.strategies.base import Strategy
+
 _STAGING = ".accelerando-save-model.incomplete"
 
 
-def get_state_dict(accelerator: Any, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+def get_state_dict(strategy: Strategy, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
     """The full state dict (collective for sharding strategies; only rank 0 then holds it all)."""
     if not unwrap:
         return model.state_dict()
-    return accelerator.strategy.model_state_dict(model, full=True)
+    return strategy.model_state_dict(model, full=True)
 
 
 def _shard_pattern(safe: bool) -> tuple[str, str]:
@@ -52,7 +55,7 @@ def _is_weights_file(name: str, safe: bool) -> bool:
 
 
 def save_model(
-    accelerator: Any,
+    strategy: Strategy,
     model: torch.nn.Module,
     save_directory: str | os.PathLike[str],
     max_shard_size: int | str = "10GB",
@@ -62,13 +65,13 @@ def save_model(
     directory = Path(save_directory)
     if directory.is_file():
         raise ValueError(f"save_directory {str(directory)!r} is a file; save_model needs a directory")
-    state = get_state_dict(accelerator, model)
-    if accelerator.is_main_process:
-        unwrapped = accelerator.strategy.unwrap(model)
+    state = get_state_dict(strategy, model)
+    if strategy.ctx.rank == 0:
+        unwrapped = strategy.unwrap(model)
         write_sharded_weights(
             directory, state, max_shard_size, safe_serialization, sd_io.tied_targets(unwrapped)
         )
-    accelerator.wait_for_everyone()
+    atomic.barrier()
 
 
 def write_sharded_weights(
@@ -128,9 +131,9 @@ def write_sharded_weights(
     return written
 
 
-def save(accelerator: Any, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+def save(strategy: Strategy, obj: Any, f: Any, safe_serialization: bool = False) -> None:
     """Save `obj` once (main process), atomically when `f` is a path: a temporary file, flushed, renamed."""
-    if not accelerator.is_main_process:
+    if strategy.ctx.rank != 0:
         return
     if not isinstance(f, (str, os.PathLike)):
         torch.save(obj, f)

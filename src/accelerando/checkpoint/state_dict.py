@@ -2,9 +2,9 @@
 
 Full state dicts (single device, DDP): weights as safetensors (shared tensors stored once, their
 other names kept as aliases in the file's metadata), everything else `torch.save` + weights-only load.
-Sharded state dicts (a strategy with `sharded_checkpoint=True`, e.g. FSDP2): every rank writes its
-shards with `torch.distributed.checkpoint` into the same staging directory, so the atomic rename and
-the manifest cover them like any other file.
+Sharded state dicts (FSDP2's SHARDED_STATE_DICT, see `strategies/state_io.py`): every rank writes
+its shards with `torch.distributed.checkpoint` into the same staging directory, so the atomic rename
+and the manifest cover them like any other file.
 """
 
 from __future__ import annotations

@@ -71,6 +71,7 @@ class ResolvedConfig:
     rng_types: tuple[str, ...]
     fsdp_plugin: Any = None
     use_fsdp: bool = False
+    use_deepspeed: bool = False
 
 
 def reject_moved_arguments(extra: dict[str, Any]) -> None:
@@ -219,4 +220,5 @@ def resolve(
         rng_types=tuple(str(r) for r in (rng_types or ["generator"])),
         fsdp_plugin=fsdp_plugin,
         use_fsdp=fsdp_plugin is not None or settings.use_fsdp,
+        use_deepspeed=settings.use_deepspeed,
     )

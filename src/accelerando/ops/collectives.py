@@ -3,6 +3,10 @@
 Every gather first exchanges a small signature (dtype and shape of each leaf). Leaves that differ
 only in their first dimension are padded, gathered and trimmed; any other mismatch raises a
 ValueError naming each rank's shapes instead of hanging or failing deep inside the backend.
+
+Every collective takes a `group`; None means the data-parallel group of the job's mesh (the
+default group until tensor or context parallelism splits the ranks), and the default group when
+no Accelerator has configured the process.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelerando import _runtime
 from accelerando.ops.tree import recursively_apply, tree_leaves, tree_replace
 
 _MAX_DIMS = 8
@@ -21,8 +26,19 @@ _DTYPES = [
 ]  # fmt: skip
 
 
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+def data_parallel_group() -> Any:
+    """The configured strategy's data-parallel group; None (the default group) when it spans the world."""
+    runtime = _runtime.current()
+    strategy = runtime.strategy if runtime is not None else None
+    return strategy.ctx.mesh.data_parallel_group() if strategy is not None else None
+
+
+def _group(group: Any) -> Any:
+    return data_parallel_group() if group is None else group
+
+
+def _world(group: Any = None) -> int:
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
 def _signature(leaves: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -35,21 +51,21 @@ def _signature(leaves: list[torch.Tensor], device: torch.device) -> torch.Tensor
     return torch.tensor(rows, dtype=torch.int64, device=device).reshape(-1)
 
 
-def _all_gather_same(t: torch.Tensor) -> list[torch.Tensor]:
-    out = [torch.empty_like(t) for _ in range(_world())]
-    dist.all_gather(out, t)
+def _all_gather_same(t: torch.Tensor, group: Any) -> list[torch.Tensor]:
+    out = [torch.empty_like(t) for _ in range(_world(group))]
+    dist.all_gather(out, t, group=group)
     return out
 
 
-def _check_signatures(leaves: list[torch.Tensor]) -> list[list[tuple[int, ...]]]:
+def _check_signatures(leaves: list[torch.Tensor], group: Any) -> list[list[tuple[int, ...]]]:
     """Shapes of every leaf on every rank; raises when structures or trailing dims disagree."""
     device = leaves[0].device if leaves else torch.device("cpu")
-    counts = [int(c) for c in _all_gather_same(torch.tensor([len(leaves)], device=device))]
+    counts = [int(c) for c in _all_gather_same(torch.tensor([len(leaves)], device=device), group)]
     if len(set(counts)) > 1:
         raise ValueError(f"cannot gather: ranks passed different numbers of tensors: {counts}")
     if not leaves:
         return []
-    sigs = [s.view(len(leaves), -1).tolist() for s in _all_gather_same(_signature(leaves, device))]
+    sigs = [s.view(len(leaves), -1).tolist() for s in _all_gather_same(_signature(leaves, device), group)]
     shapes: list[list[tuple[int, ...]]] = []
     for i in range(len(leaves)):
         per_rank = [tuple(row[i][2 : 2 + row[i][1]]) for row in sigs]
@@ -66,92 +82,102 @@ def _check_signatures(leaves: list[torch.Tensor]) -> list[list[tuple[int, ...]]]
     return shapes
 
 
-def _gather_leaf(t: torch.Tensor, shapes: list[tuple[int, ...]]) -> torch.Tensor:
+def _gather_leaf(t: torch.Tensor, shapes: list[tuple[int, ...]], group: Any) -> torch.Tensor:
     longest = max(s[0] for s in shapes)
     if all(s[0] == longest for s in shapes):
-        return torch.cat(_all_gather_same(t.contiguous()), dim=0)
+        return torch.cat(_all_gather_same(t.contiguous(), group), dim=0)
     padded = t.new_zeros((longest, *t.shape[1:]))
     padded[: t.shape[0]] = t
-    parts = _all_gather_same(padded)
+    parts = _all_gather_same(padded, group)
     return torch.cat([p[: s[0]] for p, s in zip(parts, shapes)], dim=0)
 
 
-def gather(data: Any) -> Any:
+def gather(data: Any, group: Any = None) -> Any:
     """Concatenate every rank's tensors along dim 0 (0-dim tensors become one row per rank)."""
-    if _world() == 1:
+    group = _group(group)
+    if _world(group) == 1:
         return recursively_apply(lambda t: t[None] if t.dim() == 0 else t, data)
     leaves = [t[None] if t.dim() == 0 else t for t in tree_leaves(data)]
-    shapes = _check_signatures(leaves)
-    return tree_replace(data, [_gather_leaf(t, s) for t, s in zip(leaves, shapes)])
+    shapes = _check_signatures(leaves, group)
+    return tree_replace(data, [_gather_leaf(t, s, group) for t, s in zip(leaves, shapes)])
 
 
-def gather_object(obj: Any) -> list[Any]:
+def gather_object(obj: Any, group: Any = None) -> list[Any]:
     """Every rank's object; lists are concatenated rank after rank."""
-    if _world() == 1:
+    group = _group(group)
+    world = _world(group)
+    if world == 1:
         return list(obj) if isinstance(obj, list) else [obj]
-    out: list[Any] = [None] * _world()
-    dist.all_gather_object(out, obj)
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj, group=group)
     if isinstance(obj, list):
         return [item for part in out for item in part]
     return out
 
 
-def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+def reduce(data: Any, reduction: str = "sum", scale: float = 1.0, group: Any = None) -> Any:
     """All-reduce every tensor with 'sum', 'mean', 'max' or 'none' (local), then multiply by `scale`."""
     if reduction not in ("sum", "mean", "max", "none"):
         raise ValueError(f"reduction={reduction!r} is not supported; accepted: 'sum', 'mean', 'max', 'none'")
-    world = _world()
+    group = _group(group)
+    world = _world(group)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
         if world > 1 and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
+            op = dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM
+            dist.all_reduce(out, op=op, group=group)
             if reduction == "mean":
                 out = out / world
         return out * scale if scale != 1.0 else out
 
     if world > 1 and reduction != "none":
-        _check_same_shapes(tree_leaves(data), "reduce")
+        _check_same_shapes(tree_leaves(data), "reduce", group)
     return recursively_apply(one, data, error_on_other_type=True)
 
 
-def _check_same_shapes(leaves: list[torch.Tensor], what: str) -> None:
-    for i, shapes in enumerate(_check_signatures(leaves)):
+def _check_same_shapes(leaves: list[torch.Tensor], what: str, group: Any) -> None:
+    for i, shapes in enumerate(_check_signatures(leaves, group)):
         if len(set(shapes)) > 1:
             listing = ", ".join(f"rank {r}: {s}" for r, s in enumerate(shapes))
             raise ValueError(f"cannot {what} tensor #{i}: shapes differ across ranks ({listing})")
 
 
-def broadcast(data: Any, from_process: int = 0) -> Any:
-    """Every rank gets `from_process`'s tensors (in place, shapes must already agree)."""
-    if _world() == 1:
+def broadcast(data: Any, from_process: int = 0, group: Any = None) -> Any:
+    """Every rank gets `from_process`'s tensors (a global rank; in place, shapes must already agree)."""
+    group = _group(group)
+    if _world(group) == 1:
         return data
-    _check_same_shapes(tree_leaves(data), "broadcast")
+    _check_same_shapes(tree_leaves(data), "broadcast", group)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous()
-        dist.broadcast(t, src=from_process)
+        dist.broadcast(t, src=from_process, group=group)
         return t
 
     return recursively_apply(one, data, error_on_other_type=True)
 
 
-def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
-    """Picklable objects from `from_process`, written into `object_list` on every rank."""
-    if _world() > 1:
-        dist.broadcast_object_list(object_list, src=from_process)
+def broadcast_object_list(object_list: list[Any], from_process: int = 0, group: Any = None) -> list[Any]:
+    """Picklable objects from `from_process` (a global rank), written into `object_list` on every rank."""
+    group = _group(group)
+    if _world(group) > 1:
+        dist.broadcast_object_list(object_list, src=from_process, group=group)
     return object_list
 
 
-def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+def pad_across_processes(
+    data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False, group: Any = None
+) -> Any:
     """Pad each tensor along `dim` to the largest size any rank has."""
-    if _world() == 1:
+    group = _group(group)
+    if _world(group) == 1:
         return data
 
     def one(t: torch.Tensor) -> torch.Tensor:
         if dim >= t.dim() or dim < -t.dim():
             return t
-        sizes = _all_gather_same(torch.tensor([t.shape[dim]], device=t.device))
+        sizes = _all_gather_same(torch.tensor([t.shape[dim]], device=t.device), group)
         longest = int(max(s.item() for s in sizes))
         if longest == t.shape[dim]:
             return t

@@ -1,51 +1,108 @@
-"""The Strategy interface: how models and optimizers are distributed, synced, stepped and saved.
+"""The Strategy interface: how models and optimizers are composed, distributed, synced, stepped and saved.
 
-The facade never asks which strategy it has; it reads `capabilities` and calls these methods.
-FSDP2 and DeepSpeed implement the same interface, with `prepare` receiving every model and
-optimizer together so they can be wrapped jointly.
+The facade never asks which strategy it has: it calls these methods. `prepare` receives every
+model, optimizer and scheduler of one `Accelerator.prepare` call together (sharding and engine
+strategies wrap them jointly) and runs the composition order of DESIGN.md principle 8 in
+`prepare_model`; strategies change single steps of it, never the order.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accelerando.config.options import DistributedType
+from accelerando.cluster.base import ProcessTopology
+from accelerando.config.options import DistributedType, TorchDynamoPlugin
+from accelerando.parallel.activation_checkpointing import apply_activation_checkpointing
+from accelerando.parallel.compile import compile_model
+from accelerando.parallel.mesh import MeshShape, ParallelMesh
 from accelerando.precision.base import Precision
+from accelerando.strategies import compose
+
+if TYPE_CHECKING:
+    from accelerando.checkpoint.state_io import StateIO
+    from accelerando.config.resolve import ResolvedConfig
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a strategy does itself instead of the facade."""
+    """What the facade must know before it calls: only flags that something reads.
 
-    prepares_model_and_optimizer_together: bool = False
+    `owns_gradient_accumulation`: the strategy scales the loss for accumulation and decides when
+    the optimizer really steps (an engine such as DeepSpeed); `Accelerator.backward` and
+    `AcceleratedOptimizer` then leave both to it.
+    """
+
     owns_gradient_accumulation: bool = False
-    owns_backward: bool = False
-    shards_parameters: bool = False
-    owns_mixed_precision: bool = False
 
 
 @dataclass(frozen=True)
 class StrategyContext:
+    """What every strategy is built with: where it runs, how the ranks are laid out, the precision."""
+
     device: torch.device
-    world_size: int
-    rank: int
+    topology: ProcessTopology
     precision: Precision
     backend: str | None
+    mesh: ParallelMesh
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+
+@dataclass
+class PrepareRequest:
+    """Everything one `Accelerator.prepare` call hands the strategy, in the caller's order."""
+
+    models: list[torch.nn.Module] = field(default_factory=list)
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    batch_sizes: list[int | None] = field(default_factory=list)  # of the loaders prepared so far
+    device_placement: list[bool] = field(default_factory=list)  # one per model; empty: place all
+    dynamo: TorchDynamoPlugin = field(default_factory=TorchDynamoPlugin)
+    evaluation_mode: bool = False
+
+    def placement(self, index: int) -> bool:
+        return self.device_placement[index] if self.device_placement else True
+
+
+@dataclass
+class Prepared:
+    """What `prepare` hands back, in the request's order (engines may replace any of them)."""
+
+    models: list[torch.nn.Module]
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list[Any]
 
 
 class Strategy:
-    """Single device, no wrapping. Subclasses override what they change."""
+    """Single device, no wrapping. Subclasses override the steps they change."""
 
     name = "single_device"
     capabilities = Capabilities()
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
+
+    # ---- resolution: what the resolver asks before building the strategy ---------------------
+    @classmethod
+    def options(cls, config: ResolvedConfig) -> dict[str, Any]:
+        """Constructor arguments taken from the resolved configuration."""
+        return {}
+
+    @classmethod
+    def mesh_shape(cls, topology: ProcessTopology, **options: Any) -> MeshShape:
+        """How this strategy lays the ranks out: every rank a replica (data parallel)."""
+        return MeshShape.resolve(topology.world_size, dp_replicate=-1, dp_shard=1)
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -54,22 +111,80 @@ class Strategy:
     def setup_environment(self) -> None:
         """Runs once the process group exists and before any `prepare`."""
 
-    def prepare(
+    # ---- prepare ------------------------------------------------------------------------------
+    def prepare(self, request: PrepareRequest) -> Prepared:
+        """Compose every model, then point the optimizers at the parameters that replaced theirs."""
+        names = compose.parameter_names(request.models)
+        models = [
+            self.prepare_model(
+                model,
+                place=request.placement(i),
+                dynamo=request.dynamo,
+                evaluation_mode=request.evaluation_mode,
+            )
+            for i, model in enumerate(request.models)
+        ]
+        self.rebind_optimizers(request.optimizers, names, models)
+        return Prepared(models, list(request.optimizers), list(request.schedulers))
+
+    def prepare_model(
         self,
-        models: list[torch.nn.Module],
-        optimizers: list[torch.optim.Optimizer],
+        model: torch.nn.Module,
         *,
+        place: bool = True,
+        dynamo: TorchDynamoPlugin | None = None,
         evaluation_mode: bool = False,
-    ) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
-        """Wrap models (and re-bind optimizers when parameters change); models are on the device already."""
-        return [self.wrap_model(m, evaluation_mode=evaluation_mode) for m in models], optimizers
+    ) -> torch.nn.Module:
+        """The composition order (DESIGN.md principle 8) as code: precision conversion (fp8) ->
+        device placement and autocast forward -> tensor / context parallel -> activation
+        checkpointing -> compile -> wrap (DDP / FSDP2)."""
+        self.check_model(model)
+        precision = self.ctx.precision
+        model = precision.convert_module(model)
+        if place:
+            model = compose.place_on_device(model, self.ctx.device)
+        compose.wrap_forward_in_autocast(model, precision)
+        model = self.parallelize(model)
+        apply_activation_checkpointing(self.checkpointed_modules(model))
+        if dynamo is not None:
+            model = compile_model(model, dynamo)
+        return self.wrap_model(model, evaluation_mode=evaluation_mode)
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        """Refuse a model this strategy cannot train, before anything changes it."""
+
+    def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Tensor / context parallelism over the mesh's `tp` / `cp` dimensions (none yet)."""
+        return model
+
+    def checkpointed_modules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The blocks whose activations are recomputed in backward (none unless configured)."""
+        return []
 
     def wrap_model(self, model: torch.nn.Module, *, evaluation_mode: bool = False) -> torch.nn.Module:
         return model
 
+    def rebind_optimizers(
+        self,
+        optimizers: list[torch.optim.Optimizer],
+        names: compose.ParameterNames,
+        models: list[torch.nn.Module],
+    ) -> None:
+        """Strategies that replace parameters (sharding) point the optimizers at the new ones."""
+
+    # ---- training step ------------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         yield
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Make the next backward synchronise gradients even after forwards under `no_sync`."""
+        yield
+
+    def join_context(self, joinables: list[Any]) -> contextlib.AbstractContextManager:
+        """Let ranks run different numbers of steps; nothing to join without replicas to sync."""
+        return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         self.ctx.precision.scale(loss).backward(**kwargs)
@@ -88,11 +203,12 @@ class Strategy:
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    # ---- checkpoint hooks: the checkpointer calls these, never inspects the strategy -----------
-    @property
-    def sharded_checkpoint(self) -> bool:
-        """True when `save_state` should write per-rank shards through torch.distributed.checkpoint."""
-        return False
+    # ---- state: what the checkpointer calls, never inspecting the strategy --------------------
+    def state_io(self) -> StateIO:
+        """The on-disk format of what this strategy owns (models and optimizers)."""
+        from accelerando.strategies.state_io import FullStateIO
+
+        return FullStateIO(self)
 
     def model_state_dict(self, model: torch.nn.Module, *, full: bool = True) -> dict[str, Any]:
         """Model weights. `full=True`: unsharded tensors on CPU, complete at least on rank 0
@@ -120,13 +236,14 @@ class Strategy:
     ) -> None:
         optimizer.load_state_dict(state_dict)
 
+    # ---- topology -----------------------------------------------------------------------------
     @property
     def data_parallel_rank(self) -> int:
-        return self.ctx.rank
+        return self.ctx.mesh.data_parallel_rank
 
     @property
     def data_parallel_size(self) -> int:
-        return self.ctx.world_size
+        return self.ctx.mesh.data_parallel_size
 
     def teardown(self) -> None:
         """Release what `prepare` created (engines, hooks)."""

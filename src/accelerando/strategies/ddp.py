@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -15,6 +15,10 @@ from accelerando.config.options import (
     DistributedType,
 )
 from accelerando.strategies.base import Strategy, StrategyContext
+from accelerando.strategies.compose import refuse_multi_device_map
+
+if TYPE_CHECKING:
+    from accelerando.config.resolve import ResolvedConfig
 
 _MULTI = {
     "cpu": DistributedType.MULTI_CPU,
@@ -32,15 +36,26 @@ class DDPStrategy(Strategy):
         super().__init__(ctx)
         self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()
 
+    @classmethod
+    def options(cls, config: ResolvedConfig) -> dict[str, Any]:
+        return {"ddp_kwargs": config.handlers.ddp}
+
     @property
     def distributed_type(self) -> DistributedType:
         return _MULTI.get(self.ctx.device.type, DistributedType.MULTI_GPU)
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        refuse_multi_device_map(model)
 
     def wrap_model(self, model: torch.nn.Module, *, evaluation_mode: bool = False) -> torch.nn.Module:
         if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise: inference models stay unwrapped
         device_ids = None if self.ctx.device.type == "cpu" else [self.ctx.device.index or 0]
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self._ddp_arguments())
+        arguments = self._ddp_arguments()
+        group = self.ctx.mesh.data_parallel_group()  # None: every rank is a replica (the default group)
+        if group is not None:
+            arguments["process_group"] = group
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, **arguments)
         self._register_comm_hook(wrapped)
         return wrapped
 
@@ -58,7 +73,9 @@ class DDPStrategy(Strategy):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
         if hook_type in (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD):
-            state: Any = powerSGD_hook.PowerSGDState(process_group=None, **self.ddp_kwargs.comm_state_option)
+            state: Any = powerSGD_hook.PowerSGDState(
+                process_group=self.ctx.mesh.data_parallel_group(), **self.ddp_kwargs.comm_state_option
+            )
             fn: Any = (
                 powerSGD_hook.powerSGD_hook
                 if hook_type == DDPCommunicationHookType.POWER_SGD
@@ -85,6 +102,28 @@ class DDPStrategy(Strategy):
                 yield
         else:
             yield
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """The next backward all-reduces even after forwards under `no_sync` (DDP's reducer is told so)."""
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        previous = model.require_backward_grad_sync
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync = previous
+            model.require_forward_param_sync = previous
+
+    def join_context(self, joinables: list[Any]) -> contextlib.AbstractContextManager:
+        """Ranks with fewer batches shadow the others' all-reduces (`torch.distributed.algorithms.Join`)."""
+        from torch.distributed.algorithms.join import Join
+
+        return Join(joinables)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

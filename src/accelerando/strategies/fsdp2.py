@@ -3,8 +3,9 @@
 Each rank keeps 1/world of every parameter, gradient and optimizer state. `prepare` receives all
 models and optimizers at once because sharding replaces the parameters: optimizers created before
 `prepare` (as in every Accelerate example) are re-bound to the sharded parameters by name.
-Composition order: activation checkpointing -> units -> root -> loading rank 0's weights ->
-optimizer re-binding (DESIGN.md principle 8).
+Within `Strategy.prepare_model`'s order this strategy supplies activation checkpointing of the
+planned units (before compile) and the wrap: units -> root -> loading rank 0's weights.
+The shards live on the mesh's `dp_shard` dimension (`dp_replicate` x `dp_shard` for HYBRID_SHARD).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from accelerando.cluster.base import ProcessTopology
 from accelerando.config.fsdp import (
     SHARDED_STATE_DICT,
     FullyShardedDataParallelPlugin,
@@ -24,15 +26,17 @@ from accelerando.config.fsdp import (
     warn_once,
 )
 from accelerando.config.options import DistributedType
-from accelerando.parallel.activation_checkpointing import apply_activation_checkpointing
+from accelerando.parallel.mesh import DP_DIMS, MeshShape
 from accelerando.strategies import fsdp_loading
-from accelerando.strategies.base import Capabilities, Strategy, StrategyContext
+from accelerando.strategies.base import Strategy, StrategyContext
+from accelerando.strategies.compose import ParameterNames, inner_module, raw_optimizer, rebind_optimizer
 from accelerando.strategies.fsdp_wrap import WrapPlan, outermost, plan_wrapping
 
+if TYPE_CHECKING:
+    from accelerando.checkpoint.state_io import StateIO
+    from accelerando.config.resolve import ResolvedConfig
 
-def _inner(model: torch.nn.Module) -> torch.nn.Module:
-    """The module that holds the parameters (a `torch.compile` wrapper keeps it as `_orig_mod`)."""
-    return getattr(model, "_orig_mod", model)
+_inner = inner_module
 
 
 def _is_fsdp(module: torch.nn.Module) -> bool:
@@ -43,23 +47,30 @@ def _is_fsdp(module: torch.nn.Module) -> bool:
 
 class FSDP2Strategy(Strategy):
     name = "fsdp2"
-    capabilities = Capabilities(
-        prepares_model_and_optimizer_together=True,
-        shards_parameters=True,
-        owns_mixed_precision=True,
-    )
 
     def __init__(self, ctx: StrategyContext, plugin: FullyShardedDataParallelPlugin | None = None) -> None:
         super().__init__(ctx)
-        if plugin is not None and not isinstance(plugin, FullyShardedDataParallelPlugin):
-            raise TypeError(
-                f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}"
-            )
-        self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
-        self._mesh: Any = None
+        self.plugin = _check_plugin(plugin)
         self._models: list[torch.nn.Module] = []
         self.plans: list[WrapPlan] = []
+        self._planned: dict[int, WrapPlan] = {}
         self._checked: set[int] = set()
+
+    @classmethod
+    def options(cls, config: ResolvedConfig) -> dict[str, Any]:
+        return {"plugin": _check_plugin(config.fsdp_plugin)}
+
+    @classmethod
+    def mesh_shape(cls, topology: ProcessTopology, **options: Any) -> MeshShape:
+        """Shard over every rank; HYBRID_SHARD: replicate across nodes, shard within a node."""
+        plugin: FullyShardedDataParallelPlugin = options["plugin"]
+        world = topology.world_size
+        if not plugin.hybrid_shard:
+            return MeshShape.resolve(world, dp_shard=-1)
+        local = topology.local_world_size or world
+        if world % local:
+            raise ValueError(f"HYBRID_SHARD needs world size {world} divisible by {local} ranks per node")
+        return MeshShape.resolve(world, dp_replicate=-1, dp_shard=local)
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -78,41 +89,28 @@ class FSDP2Strategy(Strategy):
             # and then builds the model on meta on ranks other than 0.
             enable_fsdp_ram_efficient_loading()
 
-    # ---- prepare ----------------------------------------------------------------------------
+    # ---- prepare: the steps of Strategy.prepare_model this strategy supplies ------------------
     def mesh(self) -> Any:
-        """1-D mesh over all ranks; HYBRID_SHARD: (replicate across nodes, shard within a node)."""
-        if self._mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
+        """The `DeviceMesh` FSDP2 shards over, taken from the job's mesh."""
+        return self.ctx.mesh[DP_DIMS] if self.plugin.hybrid_shard else self.ctx.mesh["dp_shard"]
 
-            world = dist.get_world_size()
-            if self.plugin.hybrid_shard:
-                from accelerando import _runtime
+    def _plan(self, target: torch.nn.Module) -> WrapPlan:
+        """The units of `target`, planned once (before activation checkpointing and compile)."""
+        if id(target) not in self._planned:
+            self._planned[id(target)] = plan_wrapping(target, self.plugin)
+        return self._planned[id(target)]
 
-                local = _runtime.require_runtime().topology.local_world_size or world
-                if world % local:
-                    raise ValueError(
-                        f"HYBRID_SHARD needs world size {world} divisible by {local} ranks per node"
-                    )
-                self._mesh = init_device_mesh(
-                    self.ctx.device.type, (world // local, local), mesh_dim_names=("replicate", "shard")
-                )
-            else:
-                self._mesh = init_device_mesh(self.ctx.device.type, (world,), mesh_dim_names=("shard",))
-        return self._mesh
+    def checkpointed_modules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        target = _inner(model)
+        if not self.plugin.activation_checkpointing or _is_fsdp(target) or not self.sharding:
+            return []
+        return self._plan(target).modules or [target]
 
-    def prepare(
-        self,
-        models: list[torch.nn.Module],
-        optimizers: list[torch.optim.Optimizer],
-        *,
-        evaluation_mode: bool = False,
-    ) -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer]]:
-        """Shard every model, then point every optimizer at the sharded parameters."""
-        names = _parameter_names(models)
-        prepared = [self.wrap_model(m, evaluation_mode=evaluation_mode) for m in models]
+    def rebind_optimizers(
+        self, optimizers: list[torch.optim.Optimizer], names: ParameterNames, models: list[torch.nn.Module]
+    ) -> None:
         for optimizer in optimizers:
-            rebind_optimizer(optimizer, names, prepared)
-        return prepared, optimizers
+            rebind_optimizer(optimizer, names, models)
 
     def wrap_model(self, model: torch.nn.Module, *, evaluation_mode: bool = False) -> torch.nn.Module:
         target = _inner(model)
@@ -122,7 +120,8 @@ class FSDP2Strategy(Strategy):
         from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         plugin = self.plugin
-        plan = plan_wrapping(target, plugin)
+        plan = self._plan(target)
+        del self._planned[id(target)]
         self.plans.append(plan)
         if plugin.verbose and dist.get_rank() == 0:
             print(
@@ -133,8 +132,6 @@ class FSDP2Strategy(Strategy):
             if param not in ignored:
                 param._accelerando_replaced = True  # type: ignore[attr-defined]
         kept = self._before_sharding(target)
-        if plugin.activation_checkpointing:
-            apply_activation_checkpointing(plan.modules or [target])
         mp = (
             plugin.mixed_precision_policy
             or self.ctx.precision.fsdp_mixed_precision()
@@ -228,9 +225,11 @@ class FSDP2Strategy(Strategy):
         return model  # FSDP2 shards in place: the user's module is the prepared one
 
     # ---- checkpoint hooks -------------------------------------------------------------------
-    @property
-    def sharded_checkpoint(self) -> bool:
-        return self.plugin.state_dict_type == SHARDED_STATE_DICT
+    def state_io(self) -> StateIO:
+        """SHARDED_STATE_DICT: every rank writes its shards through DCP; else full state dicts."""
+        from accelerando.strategies.state_io import DCPStateIO, FullStateIO
+
+        return DCPStateIO(self) if self.plugin.state_dict_type == SHARDED_STATE_DICT else FullStateIO(self)
 
     def _options(self, full: bool, **extra: Any) -> Any:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -263,7 +262,7 @@ class FSDP2Strategy(Strategy):
     ) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        optimizer = _raw_optimizer(optimizer)
+        optimizer = raw_optimizer(optimizer)
         owner = self._owner(model, optimizer)
         return get_optimizer_state_dict(owner, optimizer, options=self._options(full))
 
@@ -277,7 +276,7 @@ class FSDP2Strategy(Strategy):
     ) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        optimizer = _raw_optimizer(optimizer)
+        optimizer = raw_optimizer(optimizer)
         owner = self._owner(model, optimizer)
         extra: dict[str, Any] = (
             {"broadcast_from_rank0": True, "cpu_offload": False} if full and self.sharding else {}
@@ -339,33 +338,7 @@ def _copy_containers(obj: Any) -> Any:
     return obj
 
 
-def _raw_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    return getattr(optimizer, "optimizer", optimizer)
-
-
-def _parameter_names(models: list[torch.nn.Module]) -> dict[int, tuple[int, str]]:
-    """id(parameter) -> (model index, name), recorded before sharding replaces the parameters."""
-    names: dict[int, tuple[int, str]] = {}
-    for index, model in enumerate(models):
-        for name, param in _inner(model).named_parameters():
-            names.setdefault(id(param), (index, name))
-    return names
-
-
-def rebind_optimizer(
-    optimizer: torch.optim.Optimizer, names: dict[int, tuple[int, str]], models: list[torch.nn.Module]
-) -> None:
-    """Point each param group at the sharded parameter that replaced the one it held."""
-    optimizer = _raw_optimizer(optimizer)
-    if optimizer.state:
-        raise ValueError(
-            "this optimizer already stepped (it has state for the unsharded parameters); pass it to "
-            "prepare() before the first optimizer.step()"
-        )
-    current = [dict(_inner(m).named_parameters()) for m in models]
-    for group in optimizer.param_groups:
-        rebound = []
-        for param in group["params"]:
-            key = names.get(id(param))
-            rebound.append(current[key[0]][key[1]] if key is not None else param)
-        group["params"] = rebound
+def _check_plugin(plugin: Any) -> FullyShardedDataParallelPlugin:
+    if plugin is not None and not isinstance(plugin, FullyShardedDataParallelPlugin):
+        raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}")
+    return plugin if plugin is not None else FullyShardedDataParallelPlugin()

@@ -88,7 +88,7 @@ def main() -> None:
     acc, model, _ = check_parity(
         "hybrid", FullyShardedDataParallelPlugin(sharding_strategy="HYBRID_SHARD"), steps=2
     )
-    assert acc.strategy.mesh().mesh_dim_names == ("replicate", "shard")
+    assert acc.strategy.mesh().mesh_dim_names == ("dp_replicate", "dp_shard")
 
     # torch.compile (the facade compiles blocks in place before sharding): same numbers.
     from accelerando.config.options import TorchDynamoPlugin
@@ -99,6 +99,8 @@ def main() -> None:
         steps=2,
         dynamo_plugin=TorchDynamoPlugin(backend="aot_eager"),
     )
+
+    check_checkpointing_compile_and_sharding()
 
     # Two models and one optimizer over both (GAN-style): every parameter is re-bound.
     acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
@@ -142,6 +144,30 @@ def main() -> None:
     check_fp16_overflow_agreement()  # last: it replaces the runtime's precision
     if dist.get_rank() == 0:
         print("FSDP_TRAIN_OK")
+
+
+def check_checkpointing_compile_and_sharding() -> None:
+    """Activation checkpointing + compile + FSDP2 in one model (AC, then compile, then sharding):
+    the same numbers as DDP, with graphs really captured, whole-model and per block."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from accelerando.config.options import TorchDynamoPlugin
+    from accelerando.parallel.activation_checkpointing import is_checkpointed
+
+    for regional in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        acc, model, _ = check_parity(
+            f"checkpointed+compiled (regional={regional})",
+            FullyShardedDataParallelPlugin(activation_checkpointing=True),
+            steps=3,
+            dynamo_plugin=TorchDynamoPlugin(backend="aot_eager", use_regional_compilation=regional),
+        )
+        assert all(is_checkpointed(block) for block in model.blocks)
+        assert counters["stats"]["unique_graphs"] >= 1, dict(counters["stats"])
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert all(isinstance(p, DTensor) for p in model.parameters())
 
 
 def check_environment_selects_fsdp() -> None:

@@ -1,0 +1,47 @@
+"""Which strategy a resolved configuration asks for, and the strategy built for this process.
+
+Pure functions of the configuration and the topology: the facade calls `resolve_strategy` and
+never names a strategy; a new backend adds a registry line and, if it has a switch in the
+configuration, one line in `strategy_name`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from accelerando.cluster.base import ProcessTopology
+from accelerando.parallel.mesh import ParallelMesh
+from accelerando.precision.base import Precision
+from accelerando.strategies.base import Strategy, StrategyContext
+from accelerando.strategies.registry import strategy_class
+
+if TYPE_CHECKING:
+    from accelerando.config.resolve import ResolvedConfig
+
+
+def strategy_name(config: ResolvedConfig, world_size: int) -> str:
+    """The registry name for `config`: an explicit backend first, else DDP across processes."""
+    if config.use_deepspeed:
+        return "deepspeed"
+    if config.use_fsdp:
+        return "fsdp2"
+    return "ddp" if world_size > 1 else "single_device"
+
+
+def resolve_strategy(
+    config: ResolvedConfig,
+    *,
+    topology: ProcessTopology,
+    device: torch.device,
+    precision: Precision,
+    backend: str | None,
+) -> Strategy:
+    """Build the strategy and the mesh it lays the ranks out on (validated here, built lazily)."""
+    cls = strategy_class(strategy_name(config, topology.world_size))
+    options = cls.options(config)
+    shape = cls.mesh_shape(topology, **options)
+    mesh = ParallelMesh(shape, rank=topology.rank, device_type=device.type)
+    ctx = StrategyContext(device=device, topology=topology, precision=precision, backend=backend, mesh=mesh)
+    return cls(ctx, **options)
