@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,12 @@ def test_every_combination_picks_one_strategy_and_its_mesh(world: int, device: s
 @pytest.mark.parametrize("world", [1, 2, 8])
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_deepspeed_is_refused_not_silently_replaced(world: int, fsdp: bool) -> None:
-    cfg = config({**DS_ENV, **(FSDP_ENV if fsdp else {})})
-    assert cfg.use_deepspeed and strategy_name(cfg, world) == "deepspeed"
+    """Refused once the launcher's request is resolved, and again by the registry if it gets that far."""
+    extra = FSDP_ENV if fsdp else {}
+    with pytest.raises(ValueError, match=r"DeepSpeed is not available yet .*issue 21"):
+        config({**DS_ENV, **extra})
+    cfg = dataclasses.replace(config(extra), use_deepspeed=True)
+    assert strategy_name(cfg, world) == "deepspeed"
     with pytest.raises(ValueError, match=r"DeepSpeed is not available yet .*issue 21"):
         build(cfg, topology(world))
 
