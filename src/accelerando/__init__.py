@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from accelerando._as_accelerate import as_accelerate
 from accelerando.accelerator import Accelerator
 from accelerando.big_modeling import (
     cpu_offload,
@@ -29,6 +30,7 @@ from accelerando.config.options import (
 from accelerando.data_loader import skip_first_batches
 from accelerando.inference import prepare_pippy
 from accelerando.launchers import debug_launcher, notebook_launcher
+from accelerando.parallelism_config import ParallelismConfig
 from accelerando.state import PartialState
 from accelerando.utils.imports import is_rich_available
 from accelerando.utils.memory import find_executable_batch_size
@@ -45,7 +47,16 @@ def _install_rich_tracebacks() -> None:
         install(show_locals=False)
 
 
+def _apply_as_accelerate_switch() -> None:
+    """`ACCELERANDO_AS_ACCELERATE=1` (what `accelerando launch --as_accelerate` exports) switches at import."""
+    from accelerando.config import env
+
+    if env.flag("AS_ACCELERATE"):
+        as_accelerate()
+
+
 _install_rich_tracebacks()
+_apply_as_accelerate_switch()
 
 __all__ = [
     "AORecipeKwargs",
@@ -59,7 +70,9 @@ __all__ = [
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
+    "ParallelismConfig",
     "PartialState",
+    "as_accelerate",
     "cpu_offload",
     "cpu_offload_with_hook",
     "disk_offload",

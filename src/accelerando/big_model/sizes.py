@@ -29,10 +29,10 @@ _INT_PREFIXES = ("torch.uint", "torch.int", "torch.bool")
 
 
 def dtype_byte_size(dtype: torch.dtype) -> float:
-    """Bytes per element as stored in memory (bool is one byte; packed types count their packed unit)."""
+    """Bytes per element; bool counts 1/8 as in Accelerate, so device maps plan the same sizes."""
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-    return float(dtype.itemsize)
+    return 1 / 8 if dtype == torch.bool else float(dtype.itemsize)
 
 
 def convert_file_size_to_int(size: int | str) -> int:

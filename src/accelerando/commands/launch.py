@@ -59,23 +59,6 @@ def cli_values(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k in names}
 
 
-def _detect() -> Any:
-    import importlib.util
-
-    import psutil
-
-    from accelerando.devices.registry import accelerator_device
-    from accelerando.launch.settings import Detected
-
-    device = accelerator_device()
-    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
-    count = device.device_count() if device.type != "cpu" else 0
-    has_torchao = importlib.util.find_spec("torchao") is not None
-    return Detected(
-        device_type=device.type, device_count=count, cpu_cores=int(cores), has_torchao=has_torchao
-    )
-
-
 def compile_backends() -> list[str]:
     """Every compile backend torch has registered (imports torch._dynamo: seconds)."""
     import torch._dynamo
@@ -95,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from accelerando.config import env as envmod
     from accelerando.launch import torchrun
     from accelerando.launch.ports import free_port, port_is_free
-    from accelerando.launch.settings import resolve
+    from accelerando.launch.settings import detect_machine, resolve
 
     target = torchrun.Target(
         script=args.training_script,
@@ -106,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         config = _load_config(args.config_file)
-        detected = _detect()
+        detected = detect_machine()
         resolved = resolve(
             cli_values(args), envmod.snapshot(), config, detected,
             port_is_free=port_is_free, free_port=free_port, compile_backends=compile_backends,

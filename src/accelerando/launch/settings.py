@@ -38,6 +38,23 @@ class Detected:
     has_torchao: bool = True  # mixed_precision fp8 needs it
 
 
+def detect_machine() -> Detected:
+    """Read this machine's accelerator, its count and the physical cores (the one impure input)."""
+    import importlib.util
+
+    import psutil
+
+    from accelerando.devices.registry import accelerator_device
+
+    device = accelerator_device()
+    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    count = device.device_count() if device.type != "cpu" else 0
+    has_torchao = importlib.util.find_spec("torchao") is not None
+    return Detected(
+        device_type=device.type, device_count=count, cpu_cores=int(cores), has_torchao=has_torchao
+    )
+
+
 @dataclass(frozen=True)
 class Resolved:
     """Option name -> value, and option name -> where the value came from."""

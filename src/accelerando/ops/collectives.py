@@ -11,12 +11,14 @@ no Accelerator has configured the process.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from accelerando import _runtime
+from accelerando.ops.errors import CannotPadNestedTensorWarning
 from accelerando.ops.tree import recursively_apply, tree_leaves, tree_replace
 
 _MAX_DIMS = 8
@@ -169,13 +171,19 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0, group: 
 def pad_across_processes(
     data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False, group: Any = None
 ) -> Any:
-    """Pad each tensor along `dim` to the largest size any rank has."""
+    """Pad each tensor along `dim` to the largest size any rank has (nested tensors are left as they are)."""
     group = _group(group)
-    if _world(group) == 1:
-        return data
+    world = _world(group)
 
     def one(t: torch.Tensor) -> torch.Tensor:
-        if dim >= t.dim() or dim < -t.dim():
+        if t.is_nested:
+            warnings.warn(
+                "Cannot pad nested tensors without more information. Leaving unprocessed.",
+                CannotPadNestedTensorWarning,
+                stacklevel=4,
+            )
+            return t
+        if world == 1 or dim >= t.dim() or dim < -t.dim():
             return t
         sizes = _all_gather_same(torch.tensor([t.shape[dim]], device=t.device), group)
         longest = int(max(s.item() for s in sizes))
@@ -189,4 +197,4 @@ def pad_across_processes(
         out[tuple(index)] = t
         return out
 
-    return recursively_apply(one, data, error_on_other_type=True)
+    return recursively_apply(one, data, error_on_other_type=world > 1)

@@ -7,7 +7,10 @@ from accelerando.config.fsdp import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
 )
+from accelerando.parallelism_config import ParallelismConfig
 from accelerando.utils.constants import (
+    BETA_SP_AVAILABLE_DEEPSPEED_VERSION,
+    BETA_TP_AVAILABLE_TRANSFORMERS_VERSION,
     MODEL_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
@@ -18,21 +21,31 @@ from accelerando.utils.constants import (
     SAMPLER_NAME,
     SCALER_NAME,
     SCHEDULER_NAME,
+    SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     WEIGHTS_PATTERN_NAME,
 )
 from accelerando.utils.dataclasses import *  # noqa: F403 - one list of names, kept there
+from accelerando.utils.environment import (
+    convert_dict_to_env_variables,
+    purge_accelerate_environment,
+    str_to_bool,
+)
 from accelerando.utils.fsdp_merge import merge_fsdp_weights
 from accelerando.utils.imports import (
     is_bf16_available,
     is_cuda_available,
+    is_datasets_available,
     is_deepspeed_available,
     is_fp8_available,
     is_fp16_available,
+    is_hpu_available,
+    is_mlflow_available,
     is_mlu_available,
     is_mps_available,
     is_npu_available,
+    is_pytest_available,
     is_rich_available,
     is_safetensors_available,
     is_tensorboard_available,
@@ -41,8 +54,10 @@ from accelerando.utils.imports import (
     is_torchdata_stateful_dataloader_available,
     is_tqdm_available,
     is_transformers_available,
+    is_wandb_available,
     is_xpu_available,
 )
+from accelerando.utils.launch import env_var_path_add, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 from accelerando.utils.memory import clear_device_cache, find_executable_batch_size, release_memory
 from accelerando.utils.modeling import (
     align_module_device,
@@ -57,6 +72,9 @@ from accelerando.utils.modeling import (
     get_balanced_memory,
     get_max_layer_size,
     get_max_memory,
+    get_module_size_with_ties,
+    get_state_dict_from_offload,
+    get_state_dict_offloaded_model,
     has_offloaded_params,
     id_tensor_storage,
     infer_auto_device_map,
@@ -77,20 +95,34 @@ from accelerando.utils.offload import (
     save_offload_index,
 )
 from accelerando.utils.operations import (
+    CannotPadNestedTensorWarning,
+    DistributedOperationException,
     broadcast,
     broadcast_object_list,
     concatenate,
+    convert_outputs_to_fp32,
     convert_to_fp32,
+    copy_tensor_to_devices,
     find_batch_size,
+    find_device,
     gather,
     gather_object,
     is_namedtuple,
+    listify,
     pad_across_processes,
+    pad_input_tensors,
     recursively_apply,
     reduce,
     send_to_device,
     slice_tensors,
 )
-from accelerando.utils.other import extract_model_from_parallel, get_pretty_name, wait_for_everyone
+from accelerando.utils.other import (
+    check_os_kernel,
+    extract_model_from_parallel,
+    get_pretty_name,
+    save,
+    wait_for_everyone,
+)
 from accelerando.utils.random import set_seed, synchronize_rng_state, synchronize_rng_states
 from accelerando.utils.tqdm import tqdm
+from accelerando.utils.versions import compare_versions, is_torch_version

@@ -1,4 +1,8 @@
-"""File and folder names shared with Accelerate, so checkpoints and tools interoperate."""
+"""File and folder names shared with Accelerate, so checkpoints and tools interoperate, and its other constants."""
+
+import operator
+
+import torch
 
 MODEL_NAME = "pytorch_model"
 SAFE_MODEL_NAME = "model"
@@ -24,3 +28,26 @@ FSDP_SHARDING_STRATEGY = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHA
 FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
 FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
 FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
+FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
+TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
+
+# First versions of the libraries behind Accelerate's beta features (tensor parallelism through
+# transformers' tp_plan, DeepSpeed's Ulysses sequence parallelism); code compares against them.
+BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
+BETA_SP_AVAILABLE_DEEPSPEED_VERSION = "0.18.2"
+
+# The comparison operators `utils.versions.compare_versions` accepts, by their spelling.
+STR_OPERATION_TO_FUNC = {
+    ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<=": operator.le, "<": operator.lt,
+}  # fmt: skip
+
+# Layers whose weights layerwise casting may store in a low-precision dtype and upcast for compute.
+SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (
+    torch.nn.Conv1d,
+    torch.nn.Conv2d,
+    torch.nn.Conv3d,
+    torch.nn.ConvTranspose1d,
+    torch.nn.ConvTranspose2d,
+    torch.nn.ConvTranspose3d,
+    torch.nn.Linear,
+)

@@ -96,3 +96,23 @@ def is_wandb_available() -> bool:
 
 def is_mlflow_available() -> bool:
     return _has("mlflow")
+
+
+def is_datasets_available() -> bool:
+    return _has("datasets")
+
+
+def is_pytest_available() -> bool:
+    return _has("pytest")
+
+
+@cache
+def is_hpu_available(init_hccl: bool = False) -> bool:
+    """Whether Intel Gaudi's PyTorch bridge is installed and sees an HPU (no accelerando backend yet)."""
+    if not (_has("habana_frameworks") and _has("habana_frameworks.torch")):
+        return False
+    importlib.import_module("habana_frameworks.torch")
+    if init_hccl:
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")
+    hpu = getattr(torch, "hpu", None)
+    return hpu is not None and bool(hpu.is_available())

@@ -39,36 +39,45 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
 def find_executable_batch_size(
     function: Callable | None = None,
     starting_batch_size: int = 128,
-    reduce_batch_size_fn: Callable | None = None,
+    reduce_batch_size_fn: Callable[[], int] | None = None,
 ) -> Callable:
-    """Call `function(batch_size, ...)`, halving the batch size after each out-of-memory error."""
+    """Call `function(batch_size, ...)`, shrinking the batch size to 90 % after each out-of-memory error.
+
+    As in Accelerate, the size found is kept: calling the decorated function again starts from it.
+    `reduce_batch_size_fn()` (no arguments) may return the next size instead.
+    """
     if function is None:
         return functools.partial(
             find_executable_batch_size,
             starting_batch_size=starting_batch_size,
             reduce_batch_size_fn=reduce_batch_size_fn,
         )
-    reduce = reduce_batch_size_fn or (lambda size: size // 2)
+    batch_size = starting_batch_size
+
+    def shrink() -> int:
+        return int(batch_size * 0.9)
+
+    reduce = reduce_batch_size_fn or shrink
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        nonlocal batch_size
         params = list(inspect.signature(function).parameters)
         if len(params) < len(args) + 1:
             raise TypeError(
-                f"{function.__name__} gets its batch size as first argument from find_executable_batch_size; "
-                f"do not pass it yourself (got {len(args)} positional arguments)"
+                f"Batch size was passed into `{function.__name__}` as the first argument when called: "
+                f"remove it, find_executable_batch_size passes it (got {len(args)} positional arguments)"
             )
-        batch_size = starting_batch_size
         clear_device_cache(garbage_collection=True)
         while True:
             if batch_size == 0:
-                raise RuntimeError("no executable batch size found: reached zero")
+                raise RuntimeError("No executable batch size found, reached zero.")
             try:
                 return function(batch_size, *args, **kwargs)
             except Exception as err:
                 if not should_reduce_batch_size(err):
                     raise
                 clear_device_cache(garbage_collection=True)
-                batch_size = reduce(batch_size)
+                batch_size = reduce()
 
     return wrapper

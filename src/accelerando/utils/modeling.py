@@ -1,5 +1,11 @@
 """Accelerate's `accelerate.utils.modeling` names (model sizes, device maps, loading); see big_model/."""
 
+import logging
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
 from accelerando.big_model.device_map import (
     check_device_map,
     check_tied_parameters_on_same_device,
@@ -55,3 +61,96 @@ __all__ = [
     "retie_parameters",
     "set_module_tensor_to_device",
 ]
+
+# ---- defined here: helpers only this compatibility surface needs ----
+logger = logging.getLogger(__name__)
+
+
+def get_module_size_with_ties(
+    tied_params: Sequence[str],
+    module_size: int,
+    module_sizes: Mapping[str, int],
+    modules_to_treat: Sequence[tuple[str, nn.Module]],
+) -> tuple[int, list[str], list[nn.Module]]:
+    """Size of a module placed together with the modules holding the other ends of its tied parameters.
+
+    Each tied parameter is found in the first of `modules_to_treat` that contains it; that module's
+    size is added, less the tied parameter itself (counted once already).
+    Returns (size, names of those modules, the modules).
+    """
+    names: list[str] = []
+    modules: list[nn.Module] = []
+    size = module_size
+    for param in tied_params:
+        owner = next(((n, m) for n, m in modules_to_treat if param == n or param.startswith(n + ".")), None)
+        if owner is None:
+            raise ValueError(
+                f"tied parameter {param!r} is in none of the modules to treat "
+                f"({[n for n, _ in modules_to_treat]})"
+            )
+        names.append(owner[0])
+        modules.append(owner[1])
+        size += module_sizes[owner[0]] - module_sizes[param]
+    return size, names, modules
+
+
+def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict, on CPU, of a model whose weights are offloaded (CPU or disk) by hooks.
+
+    Each offloaded block is brought to CPU in turn, so only one block is materialised at a time;
+    tensors still on `meta` (never loaded) are left out with a warning.
+    """
+    state_dict: dict[str, torch.Tensor] = {}
+    on_meta: list[str] = []
+
+    def take(entries: Mapping[str, object]) -> None:
+        for key, value in entries.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.device.type == "meta":
+                on_meta.append(key)
+            else:
+                state_dict[key] = value.detach().to("cpu")
+
+    def visit(module: nn.Module, prefix: str) -> None:
+        if has_offloaded_params(module):
+            try:
+                with align_module_device(module, "cpu"):
+                    take(module.state_dict(prefix=prefix))
+            except MemoryError:
+                raise MemoryError("Offloaded module must fit in CPU memory to call save_model!") from None
+            return
+        own: dict[str, object] = {}
+        module._save_to_state_dict(own, prefix, keep_vars=False)
+        take(own)
+        for name, child in module.named_children():
+            visit(child, f"{prefix}{name}.")
+
+    visit(model, "")
+    missing = sorted(set(on_meta) - set(state_dict))
+    if missing:
+        logger.warning(
+            f"The following tensors were not saved because they were still on meta device: {missing}"
+        )
+    return state_dict
+
+
+def get_state_dict_from_offload(
+    module: nn.Module,
+    module_name: str,
+    state_dict: dict[str, torch.Tensor | str],
+    device_to_put_offload: int | str | torch.device = "cpu",
+) -> dict[str, torch.Tensor | str]:
+    """Fill `state_dict`'s entries for `module` (named by one of its tensors, `module_name`) with its
+    tensors; an offloaded module's weights are first brought to `device_to_put_offload`."""
+    root = module_name.rpartition(".")[0]
+    device = device_to_put_offload if has_offloaded_params(module) else None
+    with align_module_device(module, device):
+        for key, value in module.state_dict().items():
+            full = f"{root}.{key}"
+            if full in state_dict:
+                state_dict[full] = value
+    return state_dict
+
+
+__all__ += ["get_module_size_with_ties", "get_state_dict_from_offload", "get_state_dict_offloaded_model"]

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import os
+import platform
+import re
+from collections.abc import Mapping
+from typing import IO, Any
 
 import torch
+from packaging.version import Version
 
 from accelerando import _runtime
+
+logger = logging.getLogger(__name__)
+# Older kernels can make processes hang (Accelerate issue #1929); warned about, never refused.
+MIN_KERNEL_VERSION = "5.5.0"
 
 
 def extract_model_from_parallel(
@@ -37,3 +47,52 @@ def wait_for_everyone() -> None:
     from accelerando.state import PartialState
 
     PartialState().wait_for_everyone()
+
+
+def save(
+    obj: Any,
+    f: str | os.PathLike[str] | IO[bytes],
+    save_on_each_node: bool = False,
+    safe_serialization: bool = False,
+) -> None:
+    """`torch.save` (or safetensors) on the main process only, or on each node's main process.
+
+    With `safe_serialization`, `obj` must be a dict of tensors; tensors sharing storage are saved once.
+    """
+    from accelerando.state import PartialState
+
+    state = PartialState()
+    if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
+        return
+    if not safe_serialization:
+        torch.save(obj, f)
+        return
+    from safetensors.torch import save_file
+
+    from accelerando.checkpoint.state_dict import dedupe_shared
+
+    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise TypeError(
+            f"save(safe_serialization=True) stores a dict of tensors, got {type(obj).__name__}; "
+            "use safe_serialization=False for other objects"
+        )
+    tensors, _ = dedupe_shared(dict(obj))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.fspath(f), metadata={"format": "pt"})  # type: ignore[arg-type]
+
+
+def check_os_kernel() -> None:
+    """Warn (main process) when the Linux kernel is older than the recommended 5.5.0."""
+    info = platform.uname()
+    if info.system != "Linux":
+        return
+    match = re.search(r"(\d+\.\d+\.\d+)", info.release)
+    if match is None:
+        return
+    version = match.group()
+    runtime = _runtime.current()
+    if Version(version) < Version(MIN_KERNEL_VERSION) and (runtime is None or runtime.topology.rank == 0):
+        logger.warning(
+            f"Detected kernel version {version}, which is below the recommended minimum of "
+            f"{MIN_KERNEL_VERSION}; this can cause the process to hang. It is recommended to upgrade the "
+            "kernel to the minimum version or higher."
+        )

@@ -1,0 +1,9 @@
+"""Exceptions and warnings raised by operations on tensors across processes (Accelerate's names)."""
+
+
+class DistributedOperationException(Exception):
+    """A collective cannot run because the ranks' tensors do not agree (shapes, dtypes, structure)."""
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """`pad_across_processes` left a nested tensor as it was: it has no single size along a dimension."""

@@ -1,0 +1,50 @@
+"""Run on 2 ranks: copy_tensor_to_devices, save (main process only), nested-tensor padding."""
+
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from accelerando.state import PartialState
+from accelerando.utils import (
+    CannotPadNestedTensorWarning,
+    DistributedOperationException,
+    copy_tensor_to_devices,
+    pad_across_processes,
+    save,
+)
+
+state = PartialState()
+rank = state.process_index
+folder = Path(sys.argv[1])
+
+# One rank holds the tensor; the other does not know its shape or dtype.
+source = torch.arange(6.0).reshape(2, 3) * 7
+out = copy_tensor_to_devices(source if rank == 1 else None)
+assert torch.equal(out, source) and out.dtype == torch.float32, out
+ints = copy_tensor_to_devices(torch.tensor([5, 6], dtype=torch.int64) if rank == 0 else None)
+assert torch.equal(ints, torch.tensor([5, 6])) and ints.dtype == torch.int64
+try:
+    copy_tensor_to_devices(torch.ones(1))
+except DistributedOperationException as err:
+    assert "processes [0, 1] hold one" in str(err), err
+else:
+    raise AssertionError("two holders accepted")
+
+# save() writes from the main process only.
+save({"rank": rank}, folder / "main.pt")
+save({"rank": rank}, folder / f"rank{rank}.pt", save_on_each_node=True)
+state.wait_for_everyone()
+assert torch.load(folder / "main.pt")["rank"] == 0
+assert (folder / "rank0.pt").exists() and not (folder / "rank1.pt").exists()
+
+# Padding evens out ordinary tensors and leaves nested ones, with Accelerate's warning.
+nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(rank + 1)])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    padded = pad_across_processes({"n": nested, "t": torch.ones(rank + 1)}, pad_index=-1)
+assert padded["n"] is nested and padded["t"].tolist() == ([1.0, -1.0] if rank == 0 else [1.0, 1.0])
+assert any(issubclass(w.category, CannotPadNestedTensorWarning) for w in caught)
+state.wait_for_everyone()
+print(f"compat checks passed on rank {rank}")
