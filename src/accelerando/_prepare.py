@@ -16,7 +16,11 @@ MODEL, OPTIMIZER, SCHEDULER, DATALOADER, OTHER = "model", "optimizer", "schedule
 KINDS = (MODEL, OPTIMIZER, SCHEDULER, DATALOADER, OTHER)
 
 __all__ = ["DATALOADER", "KINDS", "MODEL", "OPTIMIZER", "OTHER", "SCHEDULER", "kind_of", "micro_batch_size"]
-__all__ += ["restore_forward", "wrap_forward_in_autocast"]
+__all__ += ["is_prepared", "mark_prepared", "restore_forward", "wrap_forward_in_autocast"]
+
+# Accelerate's marker: libraries (transformers' Trainer) read it, and a second `prepare` of a marked
+# object returns it unchanged instead of wrapping it twice.
+PREPARED_FLAG = "_is_accelerate_prepared"
 
 
 def kind_of(obj: Any) -> str:
@@ -42,3 +46,22 @@ def micro_batch_size(loader: Any, data_parallel_size: int) -> int | None:
         return max(total // max(data_parallel_size, 1), 1)
     size = getattr(loader, "batch_size", None)
     return size if isinstance(size, int) else None
+
+
+def is_prepared(obj: Any) -> bool:
+    return bool(getattr(obj, PREPARED_FLAG, False))
+
+
+def mark_prepared(obj: Any) -> Any:
+    try:
+        setattr(obj, PREPARED_FLAG, True)
+    except (AttributeError, TypeError):  # objects with __slots__ cannot carry the marker
+        pass
+    return obj
+
+
+def register_once(container: list[Any], obj: Any) -> Any:
+    """Append by identity (`in` would call `__eq__`), so preparing twice registers once."""
+    if not any(o is obj for o in container):
+        container.append(obj)
+    return obj

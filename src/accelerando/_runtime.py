@@ -63,6 +63,7 @@ class Runtime:
     strategy: Strategy | None = None
     accelerator_ready: bool = False
     gradient: GradientRuntime = field(default_factory=GradientRuntime)
+    debug: bool = False  # Accelerate's op-checker switch; collectives check shapes either way
 
 
 _RUNTIME: Runtime | None = None
@@ -241,6 +242,7 @@ def init_runtime(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None =
         backend=backend if topology.is_distributed else None,
         distributed_type=distributed_type,
         settings=settings,
+        debug=settings.debug_mode,
     )
     return _RUNTIME
 

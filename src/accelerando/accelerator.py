@@ -23,7 +23,7 @@ from accelerando.config.options import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from accelerando.config.resolve import ResolvedConfig, reject_moved_arguments, resolve
+from accelerando.config.resolve import ResolvedConfig, fold_moved_arguments, resolve
 from accelerando.ops import collectives
 from accelerando.ops.tree import is_tensor_tree, recursively_apply
 from accelerando.optimizer import AcceleratedOptimizer
@@ -70,7 +70,7 @@ class Accelerator(ConfigViews):
         dynamo_plugin: TorchDynamoPlugin | None = None,
         **removed: Any,
     ) -> None:
-        reject_moved_arguments(removed)
+        dataloader_config = fold_moved_arguments(removed, dataloader_config)
         settings = env.read_settings()
         self.config: ResolvedConfig = resolve(
             cpu=cpu,
@@ -220,6 +220,9 @@ class Accelerator(ConfigViews):
         for i, kind in enumerate(kinds):  # loaders first: the strategy is told their batch sizes
             if kind == _prepare.DATALOADER:
                 result[i] = self.prepare_data_loader(args[i], device_placement=device_placement[i])
+            elif _prepare.is_prepared(args[i]):  # prepared before: registered once, never re-wrapped
+                _prepare.register_once(self._registry_of(kind), args[i])
+                kinds[i] = _prepare.OTHER
         index = {k: [i for i, kind in enumerate(kinds) if kind == k] for k in _prepare.KINDS}
         prepared = self.strategy.prepare(
             PrepareRequest(
@@ -234,17 +237,25 @@ class Accelerator(ConfigViews):
             )
         )
         for i, model in zip(index[_prepare.MODEL], prepared.models):
-            result[i] = model
-            self._models.append(model)
+            result[i] = _prepare.register_once(self._models, _prepare.mark_prepared(model))
         for i, opt in zip(index[_prepare.OPTIMIZER], prepared.optimizers):
             result[i] = self._wrap_optimizer(opt, device_placement[i])
         for i, scheduler in zip(index[_prepare.SCHEDULER], prepared.schedulers):
             result[i] = self.prepare_scheduler(scheduler)
         return result[0] if len(result) == 1 else tuple(result)
 
+    def _registry_of(self, kind: str) -> list[Any]:
+        registries: dict[str, list[Any]] = {
+            _prepare.MODEL: self._models,
+            _prepare.OPTIMIZER: self._optimizers,
+        }
+        return {**registries, _prepare.SCHEDULER: self._schedulers}.get(kind, [])
+
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
+        if _prepare.is_prepared(model):
+            return _prepare.register_once(self._models, model)
         placement = self.device_placement if device_placement is None else device_placement
         request = PrepareRequest(
             models=[model],
@@ -253,15 +264,13 @@ class Accelerator(ConfigViews):
             evaluation_mode=evaluation_mode,
         )
         (wrapped,) = self.strategy.prepare(request).models
-        self._models.append(wrapped)
-        return wrapped
+        return _prepare.register_once(self._models, _prepare.mark_prepared(wrapped))
 
     def _wrap_optimizer(self, optimizer: torch.optim.Optimizer, placement: bool) -> AcceleratedOptimizer:
-        if isinstance(optimizer, AcceleratedOptimizer):
-            return optimizer
+        if isinstance(optimizer, AcceleratedOptimizer) or _prepare.is_prepared(optimizer):
+            return _prepare.register_once(self._optimizers, optimizer)
         wrapped = AcceleratedOptimizer(optimizer, device_placement=placement, scaler=self.precision.scaler)
-        self._optimizers.append(wrapped)
-        return wrapped
+        return _prepare.register_once(self._optimizers, _prepare.mark_prepared(wrapped))
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
@@ -270,6 +279,8 @@ class Accelerator(ConfigViews):
         return self._wrap_optimizer(optimizer, placement)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        if _prepare.is_prepared(scheduler):
+            return _prepare.register_once(self._schedulers, scheduler)  # type: ignore[no-any-return]
         target = getattr(scheduler, "optimizer", None)
         optimizers = [o for o in self._optimizers if o is target or o.optimizer is target] or self._optimizers
         wrapped = AcceleratedScheduler(
@@ -278,14 +289,15 @@ class Accelerator(ConfigViews):
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
         )
-        self._schedulers.append(wrapped)
-        return wrapped
+        return _prepare.register_once(self._schedulers, _prepare.mark_prepared(wrapped))  # type: ignore[no-any-return]
 
     def prepare_data_loader(
         self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
     ) -> Any:
         from accelerando.data.loaders import prepare_data_loader
 
+        if _prepare.is_prepared(data_loader):
+            return _prepare.register_once(self._dataloaders, data_loader)
         placement = self.device_placement if device_placement is None else device_placement
         prepared = prepare_data_loader(
             data_loader,
@@ -297,8 +309,7 @@ class Accelerator(ConfigViews):
             put_on_device=placement,
             slice_fn_for_dispatch=slice_fn_for_dispatch,
         )
-        self._dataloaders.append(prepared)
-        return prepared
+        return _prepare.register_once(self._dataloaders, _prepare.mark_prepared(prepared))
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         from accelerando.data.loaders import skip_first_batches
@@ -406,12 +417,9 @@ class Accelerator(ConfigViews):
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
-        inner = self.strategy.unwrap(model)
-        if not keep_torch_compile and hasattr(inner, "_orig_mod"):
-            inner = inner._orig_mod
-        if not keep_fp32_wrapper:
-            _prepare.restore_forward(inner)
-        return inner
+        from accelerando.utils.other import unwrap
+
+        return unwrap(model, self.strategy, keep_fp32_wrapper, keep_torch_compile)
 
     @contextlib.contextmanager
     def profile(self, profile_handler: Any = None) -> Iterator[Any]:

@@ -36,7 +36,24 @@ class PartialState:
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         init_kwargs = InitProcessGroupKwargs(**kwargs) if kwargs else None
-        self._rt = _runtime.init_runtime(cpu=cpu, init_kwargs=init_kwargs)
+        _runtime.init_runtime(cpu=cpu, init_kwargs=init_kwargs)
+
+    @property
+    def _rt(self) -> _runtime.Runtime:
+        runtime = _runtime.current()
+        if runtime is None:
+            raise AttributeError("_rt")  # turned into a hint by __getattr__
+        return runtime
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached when a property's read of the runtime failed (or the name does not exist).
+        cls = type(self).__name__
+        if not name.startswith("__") and _runtime.current() is None and hasattr(type(self), name):
+            raise AttributeError(
+                f"`{cls}` object has no attribute `{name}`. This happens if `{cls}._reset_state()` was called "
+                "and an `Accelerator` or `PartialState` was not reinitialized."
+            )
+        raise AttributeError(f"'{cls}' object has no attribute '{name}'")
 
     @classmethod
     def _reset_state(cls, reset_partial_state: bool = True) -> None:
@@ -95,7 +112,11 @@ class PartialState:
 
     @property
     def debug(self) -> bool:
-        return self._rt.settings.debug_mode
+        return self._rt.debug
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        self._rt.debug = bool(value)
 
     @property
     def fork_launched(self) -> bool:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
+from accelerando.config import env
+
 
 class _ContainsMeta(enum.EnumMeta):
     def __contains__(cls, item: object) -> bool:  # "fp16" in PrecisionType
@@ -216,7 +218,19 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.backend is not None and not isinstance(self.backend, DynamoBackend):
+        # Like Accelerate, unset fields come from the launcher's ACCELERATE(O)_DYNAMO_* variables.
+        settings = env.read_settings()
+        if self.backend is None:
+            self.backend = settings.dynamo_backend or DynamoBackend.NO
+        if self.mode is None:
+            self.mode = settings.dynamo_mode or "default"
+        if self.fullgraph is None:
+            self.fullgraph = bool(settings.dynamo_fullgraph)
+        if self.dynamic is None:
+            self.dynamic = settings.dynamo_dynamic
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = bool(settings.dynamo_regional)
+        if not isinstance(self.backend, DynamoBackend):
             name = str(self.backend).upper()
             if name not in DynamoBackend:
                 raise ValueError(
@@ -225,10 +239,20 @@ class TorchDynamoPlugin(KwargsHandler):
             self.backend = DynamoBackend(name)
 
     def to_kwargs(self) -> dict[str, Any]:
-        kwargs = super().to_kwargs()
-        kwargs.pop("use_regional_compilation", None)
-        if "backend" in kwargs:
-            kwargs["backend"] = str(kwargs["backend"]).lower()
+        """`torch.compile` keywords. Spelled out: a default instance also reads the environment,
+        so comparing against it (as other handlers do) would drop launcher-set values."""
+        kwargs: dict[str, Any] = {
+            "backend": str(self.backend).lower(),
+            "mode": self.mode,
+            "fullgraph": self.fullgraph,
+            "dynamic": self.dynamic,
+        }
+        if self.options is not None:  # torch.compile takes mode or options, not both
+            kwargs["options"] = self.options
+            if self.mode == "default":
+                del kwargs["mode"]
+        if self.disable:
+            kwargs["disable"] = True
         return kwargs
 
 

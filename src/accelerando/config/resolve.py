@@ -7,6 +7,7 @@ defaults. The result is frozen; components receive it in their constructors.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +37,12 @@ _HANDLER_SLOTS: dict[type, str] = {
     AORecipeKwargs: "fp8",
 }
 
-# Arguments that Accelerate 1.0 moved; each gets an error that teaches the new spelling.
+# Data-loader switches that Accelerate 1.0 moved into DataLoaderConfiguration. Old scripts still
+# pass them to Accelerator(): they are applied with a FutureWarning rather than breaking the script.
+DATALOADER_ARGUMENTS = ("dispatch_batches", "split_batches", "even_batches", "use_seedable_sampler")
+
+# Arguments that Accelerate 1.0 removed outright; each gets an error that teaches the new spelling.
 MOVED_ARGUMENTS = {
-    "dispatch_batches": "DataLoaderConfiguration(dispatch_batches=...)",
-    "split_batches": "DataLoaderConfiguration(split_batches=...)",
-    "even_batches": "DataLoaderConfiguration(even_batches=...)",
-    "use_seedable_sampler": "DataLoaderConfiguration(use_seedable_sampler=...)",
     "use_fp16": "mixed_precision='fp16'",
     "logging_dir": "project_config=ProjectConfiguration(logging_dir=...) or project_dir=...",
 }
@@ -74,7 +75,14 @@ class ResolvedConfig:
     use_deepspeed: bool = False
 
 
-def reject_moved_arguments(extra: dict[str, Any]) -> None:
+def fold_moved_arguments(
+    extra: dict[str, Any], dataloader_config: DataLoaderConfiguration | None
+) -> DataLoaderConfiguration | None:
+    """Apply the deprecated data-loader keywords to a DataLoaderConfiguration; refuse anything else.
+
+    A keyword that contradicts an explicitly passed configuration is an error naming both values.
+    """
+    moved = {name: extra.pop(name) for name in DATALOADER_ARGUMENTS if name in extra}
     for name in extra:
         if name in MOVED_ARGUMENTS:
             raise TypeError(
@@ -82,6 +90,23 @@ def reject_moved_arguments(extra: dict[str, Any]) -> None:
             )
     if extra:
         raise TypeError(f"Accelerator() got unexpected keyword arguments: {', '.join(sorted(extra))}")
+    if not moved:
+        return dataloader_config
+    for name, value in moved.items():
+        warnings.warn(
+            f"Passing {name}={value!r} to Accelerator() is deprecated (Accelerate 1.0); "
+            f"pass dataloader_config=DataLoaderConfiguration({name}={value!r}) instead",
+            FutureWarning,
+            stacklevel=3,
+        )
+        if dataloader_config is not None and getattr(dataloader_config, name) != value:
+            raise ValueError(
+                f"Accelerator({name}={value!r}) contradicts dataloader_config.{name}="
+                f"{getattr(dataloader_config, name)!r}; pass it in one place only"
+            )
+    if dataloader_config is not None:
+        return dataloader_config
+    return DataLoaderConfiguration(**moved)
 
 
 def sort_handlers(kwargs_handlers: list[Any] | None) -> Handlers:
@@ -164,10 +189,10 @@ def _dynamo(backend: Any, plugin: TorchDynamoPlugin | None, settings: env.EnvSet
         return plugin
     return TorchDynamoPlugin(
         backend=backend or settings.dynamo_backend or DynamoBackend.NO,
-        mode=settings.dynamo_mode,
-        fullgraph=settings.dynamo_fullgraph,
+        mode=settings.dynamo_mode or "default",
+        fullgraph=bool(settings.dynamo_fullgraph),
         dynamic=settings.dynamo_dynamic,
-        use_regional_compilation=settings.dynamo_regional,
+        use_regional_compilation=bool(settings.dynamo_regional),
     )
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from accelerando import _runtime
-from accelerando.ops.errors import CannotPadNestedTensorWarning
+from accelerando.ops.errors import MISMATCH, CannotPadNestedTensorWarning, DistributedOperationException
 from accelerando.ops.tree import recursively_apply, tree_leaves, tree_replace
 
 _MAX_DIMS = 8
@@ -64,7 +64,7 @@ def _check_signatures(leaves: list[torch.Tensor], group: Any) -> list[list[tuple
     device = leaves[0].device if leaves else torch.device("cpu")
     counts = [int(c) for c in _all_gather_same(torch.tensor([len(leaves)], device=device), group)]
     if len(set(counts)) > 1:
-        raise ValueError(f"cannot gather: ranks passed different numbers of tensors: {counts}")
+        raise DistributedOperationException(f"{MISMATCH} Ranks passed different numbers of tensors: {counts}")
     if not leaves:
         return []
     sigs = [s.view(len(leaves), -1).tolist() for s in _all_gather_same(_signature(leaves, device), group)]
@@ -76,8 +76,8 @@ def _check_signatures(leaves: list[torch.Tensor], group: Any) -> list[list[tuple
         ndims = {len(s) for s in per_rank}
         if len(dtypes) > 1 or len(ndims) > 1 or len(trailing) > 1:
             listing = ", ".join(f"rank {r}: {tuple(s)}" for r, s in enumerate(per_rank))
-            raise ValueError(
-                f"cannot gather tensor #{i}: its shape or dtype differs across ranks beyond the first "
+            raise DistributedOperationException(
+                f"{MISMATCH} Cannot gather tensor #{i}: its shape or dtype differs across ranks beyond the first "
                 f"dimension ({listing}); pad it with pad_across_processes first"
             )
         shapes.append(per_rank)
@@ -142,7 +142,9 @@ def _check_same_shapes(leaves: list[torch.Tensor], what: str, group: Any) -> Non
     for i, shapes in enumerate(_check_signatures(leaves, group)):
         if len(set(shapes)) > 1:
             listing = ", ".join(f"rank {r}: {s}" for r, s in enumerate(shapes))
-            raise ValueError(f"cannot {what} tensor #{i}: shapes differ across ranks ({listing})")
+            raise DistributedOperationException(
+                f"{MISMATCH} Cannot {what} tensor #{i}: shapes differ across ranks ({listing})"
+            )
 
 
 def broadcast(data: Any, from_process: int = 0, group: Any = None) -> Any:

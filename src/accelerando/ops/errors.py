@@ -1,8 +1,15 @@
 """Exceptions and warnings raised by operations on tensors across processes (Accelerate's names)."""
 
 
-class DistributedOperationException(Exception):
-    """A collective cannot run because the ranks' tensors do not agree (shapes, dtypes, structure)."""
+class DistributedOperationException(ValueError):
+    """A collective cannot run because the ranks' tensors do not agree (shapes, dtypes, structure).
+
+    Accelerate raises it only in debug mode; accelerando checks every collective, cheaply, and
+    keeps it a ValueError so both `except` spellings work.
+    """
+
+
+MISMATCH = "Cannot apply desired operation due to shape mismatches. All shapes across devices must be valid."
 
 
 class CannotPadNestedTensorWarning(UserWarning):

@@ -6,6 +6,7 @@ import logging
 import os
 import platform
 import re
+import sys
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -20,21 +21,63 @@ MIN_KERNEL_VERSION = "5.5.0"
 
 
 def extract_model_from_parallel(
-    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    model: torch.nn.Module,
+    keep_fp32_wrapper: bool = True,
+    keep_torch_compile: bool = True,
+    recursive: bool = False,
 ) -> torch.nn.Module:
-    """The user's module inside DDP / FSDP / compile wrappers."""
+    """The user's module inside DDP / FSDP / DataParallel / compile wrappers, in either nesting order."""
+    runtime = _runtime.current()
+    strategy = runtime.strategy if runtime is not None else None
+    return unwrap(model, strategy, keep_fp32_wrapper, keep_torch_compile, recursive)
+
+
+def _compiled(model: Any) -> bool:
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # nothing is compiled before dynamo loads
+    return eval_frame is not None and isinstance(model, eval_frame.OptimizedModule)
+
+
+def unwrap(
+    model: torch.nn.Module,
+    strategy: Any,
+    keep_fp32_wrapper: bool = True,
+    keep_torch_compile: bool = True,
+    recursive: bool = False,
+) -> torch.nn.Module:
+    """Peel compile, the strategy's wrapper and data-parallel containers; keep compile on request.
+
+    As in Accelerate, a compiled wrapper that is kept is re-pointed at the bare module.
+    """
     from accelerando._prepare import restore_forward
 
-    runtime = _runtime.current()
-    if runtime is not None and runtime.strategy is not None:
-        model = runtime.strategy.unwrap(model)
+    compiled = None
+    if _compiled(model):  # compile(wrapper(model)): a user compiled before `prepare`
+        compiled, model = model, model._orig_mod  # type: ignore[assignment]
+    if strategy is not None:
+        model = strategy.unwrap(model)
     while isinstance(model, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
         model = model.module
-    if not keep_torch_compile and hasattr(model, "_orig_mod"):
-        model = model._orig_mod  # type: ignore[assignment]
+    if compiled is None and _compiled(model):  # wrapper(compile(model)): accelerando's own order
+        compiled, model = model, model._orig_mod  # type: ignore[assignment]
+    if recursive:
+        _unwrap_children(model)
     if not keep_fp32_wrapper:
         restore_forward(model)
+    if keep_torch_compile and compiled is not None:
+        if compiled._orig_mod is not model:
+            compiled._orig_mod = model
+        return compiled
     return model
+
+
+def _unwrap_children(module: torch.nn.Module) -> None:
+    for name, child in list(module.named_children()):
+        inner = child
+        while isinstance(inner, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
+            inner = inner.module
+        if inner is not child:
+            setattr(module, name, inner)
+        _unwrap_children(inner)
 
 
 def get_pretty_name(obj: Any) -> str:
