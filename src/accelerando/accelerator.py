@@ -540,13 +540,14 @@ class Accelerator(ConfigViews):
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         bad = [
-            type(o).__name__
-            for o in objects
+            f"\n\t- Item at index {i}, `{type(o).__name__}`"
+            for i, o in enumerate(objects)
             if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
         ]
         if bad:
             raise ValueError(
-                f"objects to checkpoint need state_dict() and load_state_dict(); these do not: {bad}"
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
+                "The following inputs are invalid:" + "".join(bad)
             )
         self._custom_objects.extend(objects)
 

@@ -36,6 +36,11 @@ def get_state_dict(strategy: Strategy, model: torch.nn.Module, unwrap: bool = Tr
     """The full state dict (collective for sharding strategies; only rank 0 then holds it all)."""
     if not unwrap:
         return model.state_dict()
+    inner = strategy.unwrap(model)
+    if any(p.device.type == "meta" for p in inner.parameters()):  # offloaded by big-model hooks
+        from accelerando.utils.modeling import get_state_dict_offloaded_model
+
+        return get_state_dict_offloaded_model(inner)
     return strategy.model_state_dict(model, full=True)
 
 
@@ -99,16 +104,20 @@ def write_sharded_weights(
         shutil.rmtree(staging)
     staging.mkdir()
     metadata = {"format": "pt", **({sd_io.ALIASES_KEY: json.dumps(aliases)} if aliases else {})}
-    for filename, names in split.filename_to_tensors.items():
-        shard = {name: tensors[name] for name in names}
-        path = staging / filename
-        if safe_serialization:
-            from safetensors.torch import save_file
+    try:
+        for filename, names in split.filename_to_tensors.items():
+            shard = {name: tensors[name] for name in names}
+            path = staging / filename
+            if safe_serialization:
+                from safetensors.torch import save_file
 
-            save_file(shard, str(path), metadata=metadata)
-        else:
-            torch.save(shard, path)
-        atomic.fsync_path(path)
+                save_file(shard, str(path), metadata=metadata)
+            else:
+                torch.save(shard, path)
+            atomic.fsync_path(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # nothing half-written is left behind
+        raise
     written = list(split.filename_to_tensors)
     for filename in written:
         os.replace(staging / filename, directory / filename)

@@ -12,10 +12,14 @@ def is_namedtuple(obj: object) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields")
 
 
-def _rebuild(obj: Any, items: list[Any]) -> Any:
+def honor_type(obj: Any, generator: Any) -> Any:
+    """`generator`'s items in a container of `obj`'s type (list, tuple or named tuple)."""
     if is_namedtuple(obj):
-        return type(obj)(*items)
-    return type(obj)(items)
+        return type(obj)(*list(generator))
+    return type(obj)(generator)
+
+
+_rebuild = honor_type
 
 
 def _mapping_type(obj: Mapping) -> Any:
@@ -54,9 +58,11 @@ def recursively_apply(
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
+        name = getattr(func, "__name__", func)
         raise TypeError(
-            f"cannot apply {getattr(func, '__name__', func)} to an object of type {type(data).__name__}; "
-            "only nested lists, tuples and dicts of tensors are accepted"
+            f"Unsupported types ({type(data)}) passed to `{name}`. Only nested list/tuple/dicts of objects "
+            f"that are valid for `{getattr(test_type, '__name__', test_type)}` should be passed "
+            "(here: tensors)."
         )
     return data
 

@@ -107,6 +107,7 @@ from accelerando.utils.operations import (
     find_device,
     gather,
     gather_object,
+    honor_type,
     is_namedtuple,
     listify,
     pad_across_processes,

@@ -93,3 +93,69 @@ def test_debug_mode_can_be_switched_on_like_accelerate():
     assert PartialState().debug is True
     state.debug = False
     assert PartialState().debug is False
+
+
+class _WithNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn, self.b = torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(self.bn(self.a(x)))
+
+
+def test_save_model_of_a_cpu_and_disk_offloaded_model_writes_the_real_weights(accelerator, tmp_path):
+    from safetensors.torch import load_file
+
+    from accelerando.big_modeling import dispatch_model
+
+    torch.manual_seed(0)
+    model = _WithNorm()
+    model.bn.running_mean.fill_(0.5)
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+    offloaded = dispatch_model(
+        model, device_map={"a": "cpu", "bn": "disk", "b": "disk"}, offload_dir=tmp_path / "off"
+    )
+    accelerator.save_model(offloaded, tmp_path / "out")
+    saved = load_file(tmp_path / "out" / "model.safetensors")
+    assert saved.keys() == reference.keys()
+    assert all(torch.equal(saved[k], reference[k]) for k in reference)
+
+
+def test_a_failed_save_model_leaves_no_staging_folder(accelerator, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    with pytest.raises(OSError, match="disk full"):
+        accelerator.save_model(torch.nn.Linear(2, 2), tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_register_for_checkpointing_uses_accelerates_message_with_the_real_index(accelerator):
+    with pytest.raises(
+        ValueError, match=r"must include a `state_dict` and `load_state_dict`.*\n\t- Item at index 1, `int`"
+    ):
+        accelerator.register_for_checkpointing(torch.nn.Linear(1, 1), 3)
+
+
+def test_honor_type_and_unsupported_types_match_accelerate():
+    import collections
+
+    from accelerate.utils import honor_type as theirs
+    from accelerate.utils import recursively_apply as their_apply
+
+    from accelerando.utils import honor_type, recursively_apply
+
+    pair = collections.namedtuple("pair", "a b")(1, 2)
+    for value in (pair, [1, 2], (1, 2)):
+        assert honor_type(value, iter([3, 4])) == theirs(value, iter([3, 4]))
+
+    def double(t):
+        return t * 2
+
+    for apply in (recursively_apply, their_apply):
+        with pytest.raises(TypeError, match=r"^Unsupported types \(<class 'str'>\) passed to `double`"):
+            apply(double, ["x"], error_on_other_type=True)
