@@ -22,15 +22,29 @@ DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "in
 STRATEGIES = ("single", "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser("estimate-memory", help="estimate training memory of a model built on meta")
+def estimate_command_parser(subparsers: argparse._SubParsersAction | None = None) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """The `estimate-memory` parser (Accelerate's name): a sub-command when `subparsers` is given."""
+    if subparsers is not None:
+        parser = subparsers.add_parser(
+            "estimate-memory", help="estimate training memory of a model built on meta"
+        )
+    else:
+        parser = argparse.ArgumentParser(prog="accelerando estimate-memory")
     parser.add_argument(
-        "model", help="path to a transformers config.json (or its folder), or module:callable"
+        "model_name", help="path to a transformers config.json (or its folder), or module:callable"
     )
     add_flag(parser, "dtypes", nargs="+", default=["float32", "bfloat16"], choices=tuple(DTYPE_BYTES),
              help="weight dtypes to show")  # fmt: skip
     add_flag(parser, "num_processes", type=int, default=8, help="processes that share the work (default 8)")
-    parser.set_defaults(func=run)
+    add_flag(parser, "library_name", choices=("transformers", "timm"), default=None,
+             help="accepted for Accelerate's command lines; local configs are read with transformers")  # fmt: skip
+    add_flag(parser, "trust_remote_code", action="store_true", help="accepted for Accelerate's command lines")
+    parser.set_defaults(func=estimate_command)
+    return parser
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    estimate_command_parser(sub)
 
 
 @dataclass(frozen=True)
@@ -145,11 +159,27 @@ def table(size: ModelSize, dtypes: list[str], world: int) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    model = build_on_meta(args.model)
-    print(table(measure(model, args.model), list(args.dtypes), args.num_processes))
+def gather_data(args: argparse.Namespace) -> list[list[Any]]:
+    """Accelerate's rows: [dtype, largest layer bytes, total bytes, {model, optimizer, gradients, step}].
+
+    The last entry is the whole-model training estimate on one process with Adam (bytes).
+    """
+    size = measure(build_on_meta(args.model_name), args.model_name)
+    rows: list[list[Any]] = []
+    for dtype in args.dtypes:
+        e = estimate(size.parameters, dtype, "single", 1)
+        training = {"model": e.weights, "optimizer": e.optimizer, "gradients": e.gradients, "step": e.total}
+        rows.append(
+            [dtype, size.largest_layer * DTYPE_BYTES[dtype], size.parameters * DTYPE_BYTES[dtype], training]
+        )
+    return rows
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    model = build_on_meta(args.model_name)
+    print(table(measure(model, args.model_name), list(args.dtypes), args.num_processes))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run(argparse.Namespace(model=sys.argv[1], dtypes=["float32"], num_processes=8)))
+    sys.exit(estimate_command(estimate_command_parser().parse_args()))

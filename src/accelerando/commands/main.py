@@ -19,6 +19,8 @@ COMMANDS: dict[str, str] = {
     "test": "accelerando.commands.test",
     "estimate-memory": "accelerando.commands.estimate",
     "merge-weights": "accelerando.commands.merge_weights",
+    "to-fsdp2": "accelerando.commands.to_fsdp2",
+    "tpu-config": "accelerando.commands.tpu",
 }
 
 
@@ -45,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         status = int(args.func(args) or 0)
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # bad input or a missing file: a message, not a traceback
         print(f"accelerando {args.command}: error: {err}", file=sys.stderr)
         status = 2
     return status
