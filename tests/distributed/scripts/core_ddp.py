@@ -51,6 +51,38 @@ def check_ddp_equals_full_batch(acc):
         assert (p - q).abs().max().item() < 1e-10, (p - q).abs().max()
 
 
+def check_local_sgd(acc):
+    """LocalSGD(k=2) equals plain PyTorch: each rank steps alone; parameters averaged every 2 steps."""
+    from accelerando.local_sgd import LocalSGD
+
+    x, y = data(48)
+    model = model_fn()
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    r = acc.process_index
+    with LocalSGD(acc, model, local_sgd_steps=2) as local_sgd:
+        for step in range(5):  # 2 averages inside, 1 more on leaving the context
+            lo = step * 8 + r * 4
+            acc.backward(torch.nn.functional.mse_loss(model(x[lo : lo + 4]), y[lo : lo + 4]))
+            opt.step()
+            opt.zero_grad()
+            local_sgd.step()
+    replicas = [model_fn() for _ in range(2)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in replicas]
+    for step in range(5):
+        for rank, (m, o) in enumerate(zip(replicas, opts)):
+            lo = step * 8 + rank * 4
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x[lo : lo + 4]), y[lo : lo + 4]).backward()
+            o.step()
+        if step % 2 == 1 or step == 4:
+            with torch.no_grad():
+                for a, b in zip(*(m.parameters() for m in replicas)):
+                    a.copy_((a + b) / 2)
+                    b.copy_(a)
+    for p, q in zip(acc.unwrap_model(model).parameters(), replicas[0].parameters()):
+        assert (p - q).abs().max().item() < 1e-10, (p - q).abs().max()
+
+
 def check_accumulation_with_partial_window():
     reset_runtime()
     acc = Accelerator(gradient_accumulation_steps=2)
@@ -171,6 +203,7 @@ def main():
     check_collectives(acc)
     check_control(acc)
     check_join_uneven_inputs(acc)
+    check_local_sgd(acc)
     check_accumulation_with_partial_window()
     PartialState().print("core checks passed")
 

@@ -159,3 +159,16 @@ def test_honor_type_and_unsupported_types_match_accelerate():
     for apply in (recursively_apply, their_apply):
         with pytest.raises(TypeError, match=r"^Unsupported types \(<class 'str'>\) passed to `double`"):
             apply(double, ["x"], error_on_other_type=True)
+
+
+def test_local_sgd_is_a_no_op_on_one_process_and_validates_its_steps(accelerator):
+    from accelerando.local_sgd import LocalSGD
+
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    before = [p.clone() for p in model.parameters()]
+    with LocalSGD(accelerator, model, local_sgd_steps=1) as local_sgd:
+        local_sgd.step()
+    assert not local_sgd.enabled and local_sgd.num_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(ValueError, match="local_sgd_steps must be an integer >= 1, got 0"):
+        LocalSGD(accelerator, model, local_sgd_steps=0)
