@@ -74,6 +74,6 @@ class LocalSGD:
             dist.all_reduce(flat, group=group)
             flat /= world
             offset = 0
-            for p in params:
-                p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            for tensor in params:
+                tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+                offset += tensor.numel()
