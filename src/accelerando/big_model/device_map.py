@@ -1,12 +1,15 @@
 """Device-map planning: pure functions of (module tree, memory budget) -> {module name: device}.
 
 Same inputs give the same map; nothing here touches a device except `get_max_memory()` when it is
-asked to measure the machine (pass `max_memory` to keep it pure).
+asked to measure the machine (pass `max_memory` to keep it pure). The fill follows Accelerate's
+rules step for step, so a model planned here lands where Accelerate would put it; the deliberate
+differences are listed in docs/migration.md.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,226 +17,220 @@ from typing import Any
 import torch
 from torch import nn
 
+from accelerando.big_model.budget import DeviceKey, get_balanced_memory, get_max_memory
 from accelerando.big_model.sizes import (
     check_tied_parameters_in_config,
     compute_module_sizes,
-    convert_file_size_to_int,
     find_tied_parameters,
     get_max_layer_size,
     named_module_tensors,
+    split_entries,
+    top_level_entries,
 )
 
 logger = logging.getLogger(__name__)
 
-DeviceKey = int | str
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-_NAMED_DEVICES = ("mps", "cpu", "disk")
-
-
-def get_max_memory(max_memory: Mapping[DeviceKey, int | str] | None = None) -> dict[DeviceKey, int]:
-    """Budget per device, accelerators first (by index), then "mps", "cpu", "disk".
-
-    Without `max_memory` the machine is measured: free memory of each accelerator and available RAM.
-    """
-    if max_memory is None:
-        return _measure_memory()
-    converted: dict[DeviceKey, int] = {}
-    for key, value in max_memory.items():
-        if isinstance(key, bool) or not (isinstance(key, int) or key in _NAMED_DEVICES):
-            raise ValueError(
-                f"max_memory key {key!r} is not a device; accepted: accelerator indices (0, 1, ...), "
-                "'mps', 'cpu', 'disk'"
-            )
-        converted[key] = convert_file_size_to_int(value)
-    indices = sorted(k for k in converted if isinstance(k, int))
-    order: list[DeviceKey] = [*indices, *(n for n in _NAMED_DEVICES if n in converted)]
-    return {k: converted[k] for k in order}
-
-
-def _measure_memory() -> dict[DeviceKey, int]:
-    from accelerando.devices import accelerator_device, get_device
-
-    budget: dict[DeviceKey, int] = {}
-    device = accelerator_device()
-    if device.type == "mps":
-        budget["mps"] = get_device("cpu").mem_get_info()[0]
-    elif device.type != "cpu":
-        for index in range(device.device_count()):
-            budget[index] = device.mem_get_info(index)[0]
-    budget["cpu"] = get_device("cpu").mem_get_info()[0]
-    return budget
-
-
-def get_balanced_memory(
-    model: nn.Module,
-    max_memory: Mapping[DeviceKey, int | str] | None = None,
-    no_split_module_classes: Sequence[str] | None = None,
-    dtype: torch.dtype | str | None = None,
-    special_dtypes: Mapping[str, torch.dtype] | None = None,
-    low_zero: bool = False,
-) -> dict[DeviceKey, int]:
-    """Shrink accelerator budgets so a sequential fill spreads the model evenly over them.
-
-    Each accelerator gets an equal share plus room for its largest unsplittable layer; with
-    `low_zero` the first one gets as little as possible (it keeps room for `generate()` buffers).
-    """
-    budget = get_max_memory(max_memory)
-    accel = [k for k in budget if isinstance(k, int) or k == "mps"]
-    if len(accel) <= 1:
-        return budget
-    sizes = compute_module_sizes(model, dtype, special_dtypes)
-    no_split = list(no_split_module_classes or [])
-    layer, _ = get_max_layer_size(list(model.named_children()), sizes, no_split)
-    sharing = accel[1:] if low_zero else accel
-    share = -(-sizes[""] // len(sharing)) + layer
-    balanced = dict(budget)
-    for key in sharing:
-        balanced[key] = min(budget[key], share)
-    if low_zero:
-        rest = sum(balanced[k] for k in sharing)
-        balanced[accel[0]] = min(budget[accel[0]], max(0, sizes[""] - rest) + layer)
-    return balanced
+Entry = tuple[str, nn.Module | torch.Tensor]
 
 
 @dataclass
 class _Plan:
-    """Mutable state of one planning pass (kept in one place so each step is a small function)."""
+    """State of one planning pass: the queue of entries still to place and what each device holds."""
 
-    budget: dict[DeviceKey, int]
-    devices: list[DeviceKey]
-    sizes: Mapping[str, int]
-    no_split: set[str]
+    budget: dict[DeviceKey, float]
+    sizes: Mapping[str, float]
+    buffer_sizes: Mapping[str, float]
+    no_split: list[str]
     ties: list[list[str]]
-    pending: list[tuple[str, nn.Module | torch.Tensor]]
+    queue: list[Entry]
     fallback: bool
-    buffer_sizes: Mapping[str, int] = field(default_factory=dict)
+    offload_buffers: bool
+    devices: list[DeviceKey] = field(default_factory=list)
     index: int = 0
-    used: dict[DeviceKey, int] = field(default_factory=dict)
+    largest: float = 0
+    largest_names: list[str] = field(default_factory=list)
+    used: dict[DeviceKey, float] = field(default_factory=dict)
+    resident_buffers: dict[DeviceKey, float] = field(default_factory=dict)
+    minimum: dict[DeviceKey, float] = field(default_factory=dict)
     device_map: dict[str, DeviceKey] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.devices = [*self.budget, *(["disk"] if "disk" not in self.budget else [])]
+        self.used = dict.fromkeys(self.devices, 0)
+        self.largest, self.largest_names = get_max_layer_size(self.queue, self.sizes, self.no_split)
 
     @property
     def device(self) -> DeviceKey:
         return self.devices[self.index]
 
-    def remaining(self) -> int:
-        return sum(self.sizes.get(name, 0) for name, _ in self.pending)
-
-    def reserve(self, device: DeviceKey, incoming: int) -> int:
-        """Room kept on an execution device for one offloaded layer, unless all that is left fits."""
-        if device not in self._main_devices() or self.remaining() + incoming <= self.free(device):
-            return 0
-        layer, _ = get_max_layer_size(self.pending, self.sizes, sorted(self.no_split))
-        return layer + sum(self.buffer_sizes.get(name, 0) for name, _ in self.pending)
-
-    def charge_buffers(self, name: str, device: DeviceKey) -> None:
-        """Buffers of an offloaded entry stay on the execution device (unless offload_buffers)."""
-        main = self._main_devices()[0]
-        if device != main and (device == "disk" or main != "cpu") and self.buffer_sizes.get(name):
-            self.used[main] = self.used.get(main, 0) + self.buffer_sizes[name]
-
-    def _main_devices(self) -> list[DeviceKey]:
+    @property
+    def main_devices(self) -> list[DeviceKey]:
+        """Devices that run offloaded layers, so keep room for the largest one: first accelerator and cpu."""
         accel = [d for d in self.devices if d not in ("cpu", "disk")]
+        if "mps" in accel:
+            return ["mps"]
         return [accel[0], "cpu"] if accel else ["cpu"]
 
-    def free(self, device: DeviceKey) -> int:
-        return self.budget[device] - self.used.get(device, 0)
+    def refresh_largest(self) -> None:
+        modules = [(n, m) for n, m in self.queue if isinstance(m, nn.Module)]
+        self.largest, self.largest_names = get_max_layer_size(modules, self.sizes, self.no_split)
 
-    def assign(self, name: str, device: DeviceKey, size: int, why: str = "") -> None:
-        self.device_map[name] = device
-        self.used[device] = self.used.get(device, 0) + size
-        self.charge_buffers(name, device)
-        if why:
-            self.notes.append(f"{name} -> {device}: {why}")
-
-
-def _tied_partners(plan: _Plan, name: str) -> list[tuple[str, nn.Module | torch.Tensor]]:
-    """Pending entries holding a parameter tied to one inside `name` (they must share its device)."""
-    inside = [t for group in plan.ties for t in group if _within(t, name)]
-    if not inside:
-        return []
-    tied = {t for group in plan.ties if any(t in group for t in inside) for t in group}
-    return [
-        (other, mod)
-        for other, mod in plan.pending
-        if other != name and any(_within(t, other) for t in tied) and not _within(other, name)
-    ]
+    def splittable(self, entry: nn.Module | torch.Tensor) -> bool:
+        return (
+            isinstance(entry, nn.Module)
+            and next(entry.children(), None) is not None
+            and type(entry).__name__ not in self.no_split
+        )
 
 
 def _within(tensor_name: str, prefix: str) -> bool:
     return prefix == "" or tensor_name == prefix or tensor_name.startswith(prefix + ".")
 
 
-def _children(
-    name: str, module: nn.Module | torch.Tensor, plan: _Plan
-) -> list[tuple[str, nn.Module | torch.Tensor]]:
-    """What `module` splits into, or [] when it must stay whole."""
-    if isinstance(module, torch.Tensor) or type(module).__name__ in plan.no_split:
-        return []
-    kids = list(module.named_children())
-    if not kids:
-        return []
-    prefix = f"{name}." if name else ""
-    tensors = list(named_module_tensors(module, recurse=False))
-    return [(prefix + n, t) for n, t in tensors] + [(prefix + n, m) for n, m in kids]
+def tied_outside(ties: Sequence[Sequence[str]], name: str) -> list[str]:
+    """Parameters outside `name` tied to one inside it (they must land on the same device)."""
+    outside: list[str] = []
+    for group in ties:
+        inside = [t for t in group if _within(t, name)]
+        if inside and len(inside) < len(group):
+            outside += [t for t in group if not _within(t, name)]
+    return outside
 
 
-def _place_next(plan: _Plan) -> None:
-    """Place, split or push back the first pending entry (one step of the sequential fill)."""
-    name, module = plan.pending.pop(0)
+def tie_owners(tied_params: Sequence[str], entries: Sequence[Entry]) -> list[Entry | None]:
+    """For each tied parameter, the first entry that holds it (None when no entry does)."""
+    return [next(((n, m) for n, m in entries if _within(p, n) and n), None) for p in tied_params]
+
+
+def size_with_ties(
+    tied_params: Sequence[str], size: float, sizes: Mapping[str, float], owners: Sequence[Entry | None]
+) -> float:
+    """`size` plus each owner of a tied parameter, less the tied parameter itself (counted once)."""
+    extra = sum(sizes[o[0]] - sizes[p] for p, o in zip(tied_params, owners) if o is not None)
+    return size + extra
+
+
+def _step(plan: _Plan) -> None:
+    """Place the first queued entry (with its tied partners), split it, or move on to the next device."""
+    name, entry = plan.queue.pop(0)
+    plan.largest_names = [n for n in plan.largest_names if not _within(n, name)]
+    if not plan.largest_names:
+        plan.refresh_largest()
+    size = plan.sizes[name]
+    outside = tied_outside(plan.ties, name)
+    owners = tie_owners(outside, plan.queue)
+    partners = [o for o in owners if o is not None]
+    total = size_with_ties(outside, size, plan.sizes, owners)
     device = plan.device
-    partners = _tied_partners(plan, name)
-    size = plan.sizes.get(name, 0) + sum(plan.sizes.get(n, 0) for n, _ in partners)
-    if device == "disk":
-        for entry in [name, *(n for n, _ in partners)]:
-            plan.assign(entry, "disk", plan.sizes.get(entry, 0))
-        _drop(plan, partners)
+    reserved = plan.largest if device in plan.main_devices else 0
+    room = None if device == "disk" else plan.budget[device] - reserved - plan.used[device]
+    if room is None or total <= room:
+        _assign(plan, name, entry, partners, device, total)
         return
-    reserve = plan.reserve(device, size)
-    room = plan.free(device) - reserve
-    if size <= room:
-        plan.assign(name, device, plan.sizes.get(name, 0))
-        for other, _ in partners:
-            plan.assign(other, device, plan.sizes.get(other, 0), f"tied to a parameter in {name}")
-        _drop(plan, partners)
+    if outside and size <= room and _split_partner(plan, name, entry, partners):
         return
-    kids = _children(name, module, plan)
-    if kids:
-        plan.notes.append(f"{name} ({size} B) does not fit in {room} B on {device}: split into its children")
-        plan.pending = kids + plan.pending
+    if size >= room and plan.splittable(entry):
+        plan.notes.append(
+            f"{name} ({size} B) does not fit in {room} B left on {device}: split into its children"
+        )
+        plan.queue = split_entries(name, entry) + plan.queue  # type: ignore[arg-type]
+        plan.refresh_largest()
         return
-    if plan.fallback and _fallback(plan, device, room):
-        plan.pending.insert(0, (name, module))
+    if plan.used[device] == 0 and plan.fallback and device != "disk" and _fallback(plan, name, entry, total):
         return
-    kept = f" after keeping {reserve} B to run offloaded layers" if reserve else ""
-    plan.notes.append(f"{name} ({size} B) does not fit in {room} B left on {device}{kept}: next device")
-    plan.pending.insert(0, (name, module))
+    if plan.used[device] == 0:
+        plan.minimum[device] = total + reserved
+    kept = f" after keeping {reserved} B to run offloaded layers" if reserved else ""
+    plan.notes.append(f"{name} ({total} B) does not fit in {room} B left on {device}{kept}: next device")
+    plan.used[device] += reserved
     plan.index += 1
+    plan.queue.insert(0, (name, entry))
 
 
-def _drop(plan: _Plan, entries: list[tuple[str, nn.Module | torch.Tensor]]) -> None:
-    names = {n for n, _ in entries}
-    plan.pending = [(n, m) for n, m in plan.pending if n not in names]
+def _assign(
+    plan: _Plan,
+    name: str,
+    entry: nn.Module | torch.Tensor,
+    partners: list[Entry],
+    device: DeviceKey,
+    total: float,
+) -> None:
+    plan.used[device] += total
+    plan.device_map[name] = device
+    for other, _ in partners:
+        position = next((i for i, (n, _) in enumerate(plan.queue) if n == other), None)
+        if position is not None:
+            plan.queue.pop(position)
+        plan.device_map[other] = device
+        plan.notes.append(f"{other} -> {device}: tied to a parameter in {name}")
+    if not plan.offload_buffers and isinstance(entry, nn.Module):
+        plan.resident_buffers[device] = plan.resident_buffers.get(device, 0) + plan.buffer_sizes.get(name, 0)
 
 
-def _fallback(plan: _Plan, device: DeviceKey, room: int) -> bool:
-    """Before leaving a device that got nothing, put on it the first later entry that fits."""
-    if plan.used.get(device, 0) > 0:
-        return False
-    for pos, (name, _module) in enumerate(plan.pending):
-        if not _tied_partners(plan, name) and 0 < plan.sizes.get(name, 0) <= room:
-            plan.pending.pop(pos)
-            plan.assign(name, device, plan.sizes[name], "fallback allocation: the next entry was too big")
-            return True
+def _split_partner(plan: _Plan, name: str, entry: nn.Module | torch.Tensor, partners: list[Entry]) -> bool:
+    """`name` fits alone but not with its tied partners: split the first partner that can be split."""
+    for other, module in partners:
+        if not plan.splittable(module):
+            continue
+        position = next(i for i, (n, _) in enumerate(plan.queue) if n == other)
+        pieces = split_entries(other, module)  # type: ignore[arg-type]
+        plan.queue = [(name, entry), *plan.queue[:position], *pieces, *plan.queue[position + 1 :]]
+        plan.refresh_largest()
+        plan.notes.append(f"{other} split so that the part tied to {name} can join it on {plan.device}")
+        return True
     return False
+
+
+def _fallback(plan: _Plan, name: str, entry: nn.Module | torch.Tensor, total: float) -> bool:
+    """Before leaving a device that got nothing, put on it the first later entry that fits (breadth first)."""
+    device = plan.device
+    room = plan.budget[device] - max(plan.largest, total)
+    if room < 0:
+        return False
+    found = _search_fitting(plan, room)
+    if found is None:
+        return False
+    _expand_to(plan, found)
+    plan.queue = [found, (name, entry), *(e for e in plan.queue if e[0] != found[0])]
+    plan.notes.append(f"{found[0]} -> {device}: fallback allocation, {name} ({total} B) was too big")
+    return True
+
+
+def _search_fitting(plan: _Plan, room: float) -> Entry | None:
+    """The first queued entry, or piece of one, that fits in `room` with its tied partners."""
+    search = list(plan.queue)
+    while search:
+        name, entry = search.pop(0)
+        outside = tied_outside(plan.ties, name)
+        owners = tie_owners(outside, search)
+        # a partner already out of the search list cannot come along: treat the entry as too big
+        fits = None not in owners and size_with_ties(outside, plan.sizes[name], plan.sizes, owners) <= room
+        if fits:
+            return name, entry
+        if plan.splittable(entry):
+            search = split_entries(name, entry) + search  # type: ignore[arg-type]
+    return None
+
+
+def _expand_to(plan: _Plan, found: Entry) -> None:
+    """Split the queued ancestors of `found` so that it becomes an entry of the queue itself."""
+    name = found[0]
+    for cut in (i for i, c in enumerate(name) if c == "."):
+        parent = name[:cut]
+        position = next((i for i, (n, _) in enumerate(plan.queue) if n == parent), None)
+        if position is not None:
+            pieces = split_entries(parent, plan.queue[position][1])  # type: ignore[arg-type]
+            plan.queue[position : position + 1] = pieces
 
 
 def infer_auto_device_map(
     model: nn.Module,
-    max_memory: Mapping[DeviceKey, int | str] | None = None,
-    no_split_module_classes: Sequence[str] | None = None,
+    max_memory: Mapping[DeviceKey, float | str] | None = None,
+    no_split_module_classes: Sequence[str] | str | None = None,
     dtype: torch.dtype | str | None = None,
-    special_dtypes: Mapping[str, torch.dtype] | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     verbose: bool = False,
     clean_result: bool = True,
     offload_buffers: bool = False,
@@ -241,34 +238,71 @@ def infer_auto_device_map(
 ) -> dict[str, DeviceKey]:
     """Fill devices in order (accelerators, cpu, then disk) with the model's modules.
 
-    A module that does not fit is split into its children unless its class is in
-    `no_split_module_classes`; tied parameters land on one device; the first accelerator (or the
-    cpu) keeps room for the largest layer so offloaded layers can be brought in to run.
+    The model's own parameters come first, then its children, then its own buffers. A module that
+    does not fit is split into its children unless its class is in `no_split_module_classes`; tied
+    parameters land on one device; the first accelerator and the cpu keep room for the largest
+    remaining layer so offloaded layers can be brought in to run. With `fallback_allocation`, a
+    device that would get nothing first takes the first later module that fits on it.
     """
-    budget = get_max_memory(max_memory)
+    no_split = (
+        [no_split_module_classes] if isinstance(no_split_module_classes, str) else no_split_module_classes
+    )
+    budget: dict[DeviceKey, float] = dict(get_max_memory(max_memory))
     ties = find_tied_parameters(model)
     if not ties and check_tied_parameters_in_config(model):
         logger.warning(
-            "the config ties weights but the model has none tied: call model.tie_weights() before planning"
+            "The model weights are not tied. Please use the `tie_weights` method before using the "
+            "`infer_auto_device` function (the config ties them, the model has none tied)."
         )
     plan = _Plan(
-        budget={**budget, "disk": budget.get("disk", 0)},
-        devices=[*budget, *(["disk"] if "disk" not in budget else [])],
+        budget=budget,
         sizes=compute_module_sizes(model, dtype, special_dtypes),
-        buffer_sizes={}
-        if offload_buffers
-        else compute_module_sizes(model, dtype, special_dtypes, buffers_only=True),
-        no_split=set(no_split_module_classes or []),
+        buffer_sizes=compute_module_sizes(model, dtype, special_dtypes, buffers_only=True),
+        no_split=list(no_split or []),
         ties=ties,
-        pending=[*named_module_tensors(model, recurse=False), *model.named_children()],
+        queue=top_level_entries(model),
         fallback=fallback_allocation,
+        offload_buffers=offload_buffers,
     )
-    while plan.pending:
-        _place_next(plan)
+    while plan.queue:
+        _step(plan)
     device_map = clean_device_map(plan.device_map) if clean_result else dict(plan.device_map)
+    _warn_buffers_not_fitting(plan)
+    _log_empty_devices(plan)
     if verbose:
         print(explain_plan(plan, device_map, offload_buffers))
     return device_map
+
+
+def _warn_buffers_not_fitting(plan: _Plan) -> None:
+    """Buffers of offloaded modules stay on an accelerator: warn when no accelerator has room for them."""
+    offloaded = plan.resident_buffers.get("cpu", 0) + plan.resident_buffers.get("disk", 0)
+    accelerators = [d for d in plan.budget if d not in ("cpu", "disk")]
+    if offloaded <= 0 or plan.offload_buffers or not accelerators:
+        return
+    if any(plan.budget[d] >= offloaded + plan.used.get(d, 0) for d in accelerators):
+        return
+    budgets = {d: plan.budget[d] for d in accelerators}
+    planned = {d: plan.used[d] for d in accelerators}
+    warnings.warn(
+        f"Current model requires {offloaded} bytes of buffer for offloaded layers, which seems does not fit any "
+        "GPU's remaining memory. If you are experiencing a OOM later, please consider using offload_buffers=True. "
+        f"(The buffers of modules offloaded to cpu/disk stay on the accelerator; budgets {budgets}, "
+        f"already planned {planned}.)",
+        stacklevel=3,
+    )
+
+
+def _log_empty_devices(plan: _Plan) -> None:
+    if not plan.minimum:
+        return
+    lines = "\n".join(f"  - {device}: {size} bytes required" for device, size in plan.minimum.items())
+    logger.info(
+        "Based on the current allocation process, no modules could be assigned to the following devices due to "
+        f"insufficient memory:\n{lines}\nThese minimum requirements are specific to this allocation attempt and "
+        "may vary. Consider increasing the available memory for these devices to at least the specified minimum, "
+        "or adjusting the model config."
+    )
 
 
 def explain_plan(plan: _Plan, device_map: Mapping[str, DeviceKey], offload_buffers: bool) -> str:
@@ -276,7 +310,9 @@ def explain_plan(plan: _Plan, device_map: Mapping[str, DeviceKey], offload_buffe
     lines = ["device map plan:"]
     for device in plan.devices:
         limit = "unbounded" if device == "disk" else f"{plan.budget[device]} B"
-        lines.append(f"  {device}: {plan.used.get(device, 0)} B used of {limit}")
+        lines.append(
+            f"  {device}: {plan.used.get(device, 0)} B planned (with room kept to run offloads) of {limit}"
+        )
     offloaded = [
         n
         for n, d in device_map.items()
@@ -285,7 +321,8 @@ def explain_plan(plan: _Plan, device_map: Mapping[str, DeviceKey], offload_buffe
     offloaded += [n for n, d in device_map.items() if d == "disk" and n not in offloaded]
     if offloaded:
         lines.append(
-            f"  offloaded (run on the main device, weights fetched per forward): {', '.join(offloaded)}"
+            "  offloaded (run on the main device, weights fetched per forward): "
+            + ", ".join(n or "(the whole model)" for n in offloaded)
         )
     if offload_buffers:
         lines.append("  buffers of offloaded modules are offloaded too (offload_buffers=True)")
@@ -317,7 +354,21 @@ def clean_device_map(device_map: Mapping[str, DeviceKey], module_name: str = "")
 
 
 def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
-    """Raise ValueError naming every parameter/buffer that no device-map entry covers."""
+    """Warn for keys naming nothing in the model; raise naming every tensor that no entry covers.
+
+    A key may name a module or a tensor (the planner maps a model's own parameters and buffers by
+    name), so only names that are neither are reported.
+    """
+    known = {name for name, _ in model.named_modules()}
+    known.update(name for name, _ in named_module_tensors(model, recurse=True))
+    invalid = [key for key in device_map if key != "" and key not in known]
+    if invalid:
+        warnings.warn(
+            f"The following device_map keys do not match any submodules in the model: {invalid} "
+            "(they name no module, parameter or buffer of the model, so they place nothing)",
+            UserWarning,
+            stacklevel=2,
+        )
     missing = [
         name
         for name, _ in named_module_tensors(model, recurse=True)
@@ -325,7 +376,10 @@ def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
     ]
     if missing:
         shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise ValueError(f"device_map does not cover {len(missing)} tensor(s) of the model: {shown}")
+        raise ValueError(
+            f"The device_map provided does not give any device for the following parameters: {shown} "
+            f"({len(missing)} tensor(s) of the model are not covered; map them or one of their modules)"
+        )
 
 
 def check_tied_parameters_on_same_device(
@@ -333,10 +387,11 @@ def check_tied_parameters_on_same_device(
 ) -> None:
     """Warn for each tied group whose members the map sends to different devices."""
     for group in tied_params:
-        devices = {str(device_for(name, device_map)) for name in group}
-        if len(devices) > 1:
+        devices = {name: device_for(name, device_map) for name in group}
+        if len({str(d) for d in devices.values()}) > 1:
             logger.warning(
-                "tied parameters %s are mapped to different devices %s", list(group), sorted(devices)
+                f"Tied parameters are on different devices: {devices}. Please modify your custom device map or "
+                "set `device_map='auto'`. (A tied weight is one tensor: it can live on one device only.)"
             )
 
 
@@ -354,7 +409,7 @@ def device_for(name: str, device_map: Mapping[str, Any]) -> Any:
 def resolve_device_map(
     model: nn.Module,
     device_map: str | Mapping[str, Any] | None,
-    max_memory: Mapping[DeviceKey, int | str] | None = None,
+    max_memory: Mapping[DeviceKey, float | str] | None = None,
     no_split_module_classes: Sequence[str] | None = None,
     dtype: torch.dtype | str | None = None,
     offload_buffers: bool = False,

@@ -48,35 +48,59 @@ from accelerando.big_model.transfer import (
 
 logger = logging.getLogger(__name__)
 
-_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-_SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
+_SINGLE_NAMES = ("pytorch_model.bin", "model.safetensors")  # Accelerate's order: the .bin wins
 
 
 def resolve_checkpoint_files(checkpoint: str | os.PathLike[str]) -> list[Path]:
-    """A checkpoint file, an index JSON, or a folder holding either -> the list of weight files."""
+    """A checkpoint file, an index JSON, or a folder holding either -> the list of weight files.
+
+    As in Accelerate: any ``*.json`` file is an index (a ``weight_map`` inside, or the map itself); a
+    folder's ``pytorch_model.bin`` or ``model.safetensors`` is used whole, else its one
+    ``*.index.json`` (of any name). A folder holding just one ``*.safetensors`` file is also accepted.
+    """
     path = Path(checkpoint)
     if path.is_dir():
-        for name in (*_INDEX_NAMES, *_SINGLE_NAMES):
-            if (path / name).is_file():
-                return resolve_checkpoint_files(path / name)
-        found = sorted(path.glob("*.index.json")) or sorted(path.glob("*.safetensors"))
-        if len(found) == 1:
-            return resolve_checkpoint_files(found[0])
-        raise ValueError(
-            f"{path} holds no single checkpoint: expected one of {_INDEX_NAMES + _SINGLE_NAMES}, an *.index.json "
-            "or exactly one *.safetensors file"
-        )
+        return resolve_checkpoint_files(_checkpoint_in_folder(path))
     if not path.is_file():
         raise ValueError(
-            f"checkpoint {str(path)!r} does not exist; pass a weights file, an index JSON or a folder"
+            "`checkpoint` should be the path to a file containing a whole state dict, or the index of a sharded "
+            f"checkpoint, or a folder containing a sharded checkpoint or the whole state dict, but got {path}, "
+            "which does not exist."
         )
     if path.name.endswith(".json"):
-        index = json.loads(path.read_text())
-        if "weight_map" not in index:
-            raise ValueError(f"{path} is not a sharded-checkpoint index (no 'weight_map' key)")
-        files = dict.fromkeys(index["weight_map"].values())
-        return [path.parent / name for name in files]
+        return [path.parent / name for name in dict.fromkeys(_weight_map(path).values())]
     return [path]
+
+
+def _checkpoint_in_folder(folder: Path) -> Path:
+    for name in _SINGLE_NAMES:
+        if (folder / name).is_file():
+            return folder / name
+    indexes = sorted(p for p in folder.iterdir() if p.name.endswith(".index.json"))
+    if len(indexes) > 1:
+        raise ValueError(
+            f"{folder} containing more than one `.index.json` file, delete the irrelevant ones. "
+            f"(found {[p.name for p in indexes]})"
+        )
+    shards = sorted(folder.glob("*.safetensors"))
+    if indexes or len(shards) == 1:
+        return (indexes or shards)[0]
+    raise ValueError(
+        f"{folder} is not a folder containing a `.index.json` file or a {_SINGLE_NAMES[0]} or a "
+        f"{_SINGLE_NAMES[1]} file (nor exactly one *.safetensors file; found {len(shards)})"
+    )
+
+
+def _weight_map(index_file: Path) -> dict[str, str]:
+    """Tensor name -> shard file name, from a sharded-checkpoint index (``weight_map`` optional)."""
+    index = json.loads(index_file.read_text())
+    weight_map = index.get("weight_map", index) if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(
+            f"{index_file} is not a sharded-checkpoint index: expected a JSON object mapping tensor names to "
+            "shard files, or one with such a mapping under 'weight_map'"
+        )
+    return weight_map
 
 
 def load_state_dict(
@@ -140,6 +164,7 @@ class _Loader:
         self.staging = staging
         self.staged: dict[str, Any] = {}
         self.expected = dict(named_module_tensors(model, recurse=True))
+        self.alias_of = _tie_aliases(model, self.expected)
         self.slots = {
             (f"{prefix}.{attr}" if prefix else attr): (module, attr)
             for prefix, module in model.named_modules()
@@ -177,44 +202,53 @@ class _Loader:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt", device="cpu") as handle:
                 for key in handle.keys():  # noqa: SIM118
-                    if self._accept(key):
-                        self._place_safetensors(path, handle, key)
+                    name = self._accept(key)
+                    if name is not None:
+                        self._place_safetensors(path, handle, key, name)
             return
         state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
         for key, value in state.items():
-            if self._accept(key):
-                self._place(key, value)
+            name = self._accept(key)
+            if name is not None:
+                self._place(name, value)
 
-    def _accept(self, key: str) -> bool:
-        if key not in self.expected:
+    def _accept(self, key: str) -> str | None:
+        """The model tensor a checkpoint key fills, or None (unknown key, or a tie already filled).
+
+        A tied weight has one tensor under several names; a checkpoint may hold it under any of
+        them, so every name is accepted and fills the one tensor (once).
+        """
+        name = self.alias_of.get(key, key)
+        if name not in self.expected:
             self.report.unexpected.append(key)
-            return False
-        return True
+            return None
+        return None if key != name and name in self.loaded else name
 
     def _final_dtype(self, key: str, stored: torch.dtype) -> torch.dtype:
         return _load_dtype(key, stored, self.dtype, self.keep_fp32, self.expected[key].dtype)
 
-    def _place_safetensors(self, path: Path, handle: Any, key: str) -> None:
-        if self.target(key) == "disk" and self._offloadable(key):
+    def _place_safetensors(self, path: Path, handle: Any, key: str, name: str) -> None:
+        """Put file tensor `key` into model tensor `name` (they differ for a tie's other names)."""
+        if self.target(name) == "disk" and self._offloadable(name):
             stored = handle.get_slice(key).get_dtype()
             stored_dtype = SAFETENSORS_DTYPES.get(stored, torch.float32)
-            final = self._final_dtype(key, stored_dtype)
-            self.report.offload_index[key] = {
+            final = self._final_dtype(name, stored_dtype)
+            self.report.offload_index[name] = {
                 "safetensors_file": str(path.resolve()),
                 "weight_name": key,
                 "dtype": str(final).replace("torch.", ""),
             }
-            self._to_meta(key, final)
+            self._to_meta(name, final)
             return
-        device = _streamed_device(self.target(key))
+        device = _streamed_device(self.target(name))
         if device is not None and raw_reads_supported():
             entry = handle.get_slice(key)
             stored = SAFETENSORS_DTYPES.get(entry.get_dtype())
-            if stored is not None and stored == self._final_dtype(key, stored):
+            if stored is not None and stored == self._final_dtype(name, stored):
                 span = self._span(str(path), key)
-                self._send(key, FileSpan(str(path), *span), tuple(entry.get_shape()), stored, device)
+                self._send(name, FileSpan(str(path), *span), tuple(entry.get_shape()), stored, device)
                 return
-        self._place(key, handle.get_tensor(key))
+        self._place(name, handle.get_tensor(key))
 
     def _span(self, path: str, key: str) -> tuple[int, int]:
         """Where `key`'s bytes are in `path` (the header is read once per file and load)."""
@@ -325,12 +359,21 @@ def load_checkpoint(
         finally:
             loader.transfers.close()
     retie_parameters(model, tied)
-    tied_names = {n for group in tied for n in group}
     tied_loaded = {n for group in tied if any(m in loader.loaded for m in group) for n in group}
     report.missing = [n for n in report.missing if n not in tied_loaded]
     _alias_tied_offloads(report.offload_index, tied)
-    _report_mismatches(report, strict, tied_names)
+    _report_mismatches(report, strict, checkpoint, type(model).__name__)
     return report
+
+
+def _tie_aliases(model: nn.Module, expected: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """Each extra name of a tied parameter -> the name it is listed under (the one `expected` has)."""
+    aliases: dict[str, str] = {}
+    for group in find_tied_parameters(model):
+        listed = next((n for n in group if n in expected), None)
+        if listed is not None:
+            aliases.update({n: listed for n in group if n != listed})
+    return aliases
 
 
 def _streamed_device(device: DeviceKey) -> torch.device | None:
@@ -362,19 +405,29 @@ def _alias_tied_offloads(index: dict[str, Any], tied: list[list[str]]) -> None:
                 index.setdefault(name, index[source])
 
 
-def _report_mismatches(report: LoadReport, strict: bool, tied_names: set[str]) -> None:
+def _report_mismatches(
+    report: LoadReport, strict: bool, checkpoint: str | os.PathLike[str], model_name: str
+) -> None:
     if strict and (report.missing or report.unexpected):
         raise ValueError(
             f"checkpoint does not match the model: missing {report.missing[:10]}, unexpected {report.unexpected[:10]}"
         )
     if report.unexpected:
         logger.warning(
-            "checkpoint has %d tensor(s) the model lacks: %s", len(report.unexpected), report.unexpected[:10]
+            f"Some weights of the model checkpoint at {checkpoint} were not used when initializing {model_name}: "
+            f"{_as_set_text(report.unexpected)}. This may or may not be an issue - make sure that the checkpoint does not have "
+            "unnecessary parameters, or that the model definition correctly corresponds to the checkpoint. "
+            f"({len(report.unexpected)} tensor(s) skipped: the model has no parameter or buffer of that name.)"
         )
     if report.missing:
         logger.warning(
             "checkpoint lacks %d tensor(s) of the model: %s", len(report.missing), report.missing[:10]
         )
+
+
+def _as_set_text(names: Sequence[str]) -> str:
+    """Names written as Accelerate prints its set of them, in a stable (sorted) order."""
+    return "{" + ", ".join(repr(n) for n in sorted(set(names))) + "}"
 
 
 def load_checkpoint_in_model(

@@ -6,6 +6,7 @@ made for a model that was never materialised.
 
 from __future__ import annotations
 
+import enum
 import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,11 +29,28 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]I?)?(B|b)?\s*$", re.IGNOREC
 _INT_PREFIXES = ("torch.uint", "torch.int", "torch.bool")
 
 
-def dtype_byte_size(dtype: torch.dtype) -> float:
-    """Bytes per element; bool counts 1/8 as in Accelerate, so device maps plan the same sizes."""
+class CustomDtype(enum.Enum):
+    """Storage formats without a torch dtype, sized by `dtype_byte_size` (quantized weights)."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+_CUSTOM_BYTES = {"fp8": 1, "int4": 1 / 2, "int2": 1 / 4}
+
+
+def dtype_byte_size(dtype: torch.dtype | CustomDtype) -> int | float:
+    """Bytes per element: the dtype's item size, 1/8 for bool (Accelerate counts bits there).
+
+    An int for whole bytes and a float below one byte, so module sizes equal Accelerate's exactly.
+    A `CustomDtype` (from here or from Accelerate) is sized by its name.
+    """
+    if isinstance(dtype, enum.Enum) and dtype.value in _CUSTOM_BYTES:
+        return _CUSTOM_BYTES[dtype.value]
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-    return 1 / 8 if dtype == torch.bool else float(dtype.itemsize)
+        raise TypeError(f"dtype must be a torch.dtype or a CustomDtype, got {dtype!r}")
+    return 1 / 8 if dtype == torch.bool else dtype.itemsize
 
 
 def convert_file_size_to_int(size: int | str) -> int:
@@ -127,13 +145,14 @@ def _get_tensor(model: nn.Module, name: str) -> torch.Tensor:
 
 def _tensor_bytes(
     name: str, tensor: torch.Tensor, dtype: torch.dtype | None, special: Mapping[str, torch.dtype]
-) -> int:
+) -> float:
+    """Bytes `tensor` will take once loaded; not rounded (bool tensors count 1/8 byte per element)."""
     if name in special:
-        return int(tensor.numel() * dtype_byte_size(special[name]))
+        return tensor.numel() * dtype_byte_size(special[name])
     own = dtype_byte_size(tensor.dtype)
     if dtype is None or str(tensor.dtype).startswith(_INT_PREFIXES):
-        return int(tensor.numel() * own)
-    return int(tensor.numel() * min(own, dtype_byte_size(dtype)))
+        return tensor.numel() * own
+    return tensor.numel() * min(own, dtype_byte_size(dtype))
 
 
 def compute_module_sizes(
@@ -141,15 +160,16 @@ def compute_module_sizes(
     dtype: torch.dtype | str | None = None,
     special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     buffers_only: bool = False,
-) -> dict[str, int]:
+) -> dict[str, float]:
     """Bytes of every module (key "" is the whole model) and tensor; shared tensors count once.
 
     `dtype` is the dtype the weights will be loaded in (floating tensors only shrink, never grow);
-    `special_dtypes` overrides it per tensor name.
+    `special_dtypes` overrides it per tensor name. Sizes are ints unless bool tensors make a
+    fraction of a byte (as in Accelerate, so plans made from them agree).
     """
     target = _as_dtype(dtype)
     special = {k: _as_dtype(v) for k, v in (special_dtypes or {}).items()}
-    sizes: dict[str, int] = defaultdict(int)
+    sizes: dict[str, float] = defaultdict(int)
     tensors = model.named_buffers() if buffers_only else named_module_tensors(model, recurse=True)
     for name, tensor in tensors:
         size = _tensor_bytes(name, tensor, target, special)  # type: ignore[arg-type]
@@ -163,7 +183,7 @@ def compute_module_total_buffer_size(
     model: nn.Module,
     dtype: torch.dtype | str | None = None,
     special_dtypes: Mapping[str, torch.dtype] | None = None,
-) -> int:
+) -> float:
     return compute_module_sizes(model, dtype, special_dtypes, buffers_only=True).get("", 0)
 
 
@@ -179,34 +199,54 @@ def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
 
 def get_max_layer_size(
     modules: Sequence[tuple[str, nn.Module | torch.Tensor]],
-    module_sizes: Mapping[str, int],
+    module_sizes: Mapping[str, float],
     no_split_module_classes: Sequence[str],
-) -> tuple[int, list[str]]:
-    """Largest unsplittable block (a leaf, or a module whose class must not be split) and its names."""
-    best, names = 0, []
+) -> tuple[float, list[str]]:
+    """Largest unsplittable block (a tensor, a leaf module, or a module whose class must not be split)
+    and the names of every block of that size (zero-size blocks count when nothing is larger)."""
+    best: float = 0
+    names: list[str] = []
     stack = list(modules)
     while stack:
         name, module = stack.pop(0)
-        children = [] if isinstance(module, torch.Tensor) else list(module.named_children())
+        children = list(module.named_children()) if isinstance(module, nn.Module) else []
         if not children or type(module).__name__ in no_split_module_classes:
             size = module_sizes.get(name, 0)
             if size > best:
                 best, names = size, [name]
-            elif size == best and size > 0:
+            elif size == best:
                 names.append(name)
         else:
             stack = [(f"{name}.{n}" if name else n, m) for n, m in children] + stack
     return best, names
 
 
-def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
+def top_level_entries(model: nn.Module) -> list[tuple[str, nn.Module | torch.Tensor]]:
+    """What a model is planned from: its own parameters, its children, then its own buffers."""
+    return split_entries("", model)
+
+
+def split_entries(name: str, module: nn.Module) -> list[tuple[str, nn.Module | torch.Tensor]]:
+    """The entries that replace `module` when it is split: own parameters, children, own buffers.
+
+    Accelerate leaves a split module's own buffers out (only the top level lists them), which
+    leaves them without a device; here they follow the children, as the top level's do.
+    """
+    prefix = f"{name}." if name else ""
+    params = [(prefix + n, p) for n, p in module.named_parameters(recurse=False)]
+    children = [(prefix + n, m) for n, m in module.named_children()]
+    buffers = [(prefix + n, b) for n, b in module.named_buffers(recurse=False)]
+    return [*params, *children, *buffers]
+
+
+def calculate_maximum_sizes(model: nn.Module) -> tuple[float, tuple[float, list[str]]]:
     """(total bytes, (largest layer bytes, its names)) of `model`."""
     sizes = compute_module_sizes(model)
     no_split = list(getattr(model, "_no_split_modules", None) or [])
-    return sizes[""], get_max_layer_size(list(model.named_children()), sizes, no_split)
+    return sizes[""], get_max_layer_size(top_level_entries(model), sizes, no_split)
 
 
-def get_module_leaves(module_sizes: Mapping[str, int]) -> list[str]:
+def get_module_leaves(module_sizes: Mapping[str, float]) -> list[str]:
     """Names in `module_sizes` that have no child entry (tensors and parameter-less modules)."""
     names = [n for n in module_sizes if n]
     parents = {n.rpartition(".")[0] for n in names}

@@ -49,7 +49,7 @@ def generate_device_map(
     if max_memory is None:
         sizes = compute_module_sizes(model)
         layer, _ = get_max_layer_size(list(model.named_children()), sizes, no_split)
-        share = math.ceil(sizes[""] / num_processes) + layer
+        share = math.ceil(sizes[""] / num_processes + layer)
         max_memory = {i: share for i in range(num_processes)}
     return infer_auto_device_map(model, max_memory, no_split, clean_result=False)
 

@@ -13,11 +13,14 @@ from accelerando.big_model.device_map import (
     get_balanced_memory,
     get_max_memory,
     infer_auto_device_map,
+    size_with_ties,
+    tie_owners,
 )
 from accelerando.big_model.hooks import has_offloaded_params
 from accelerando.big_model.loading import load_checkpoint_in_model, load_state_dict
 from accelerando.big_model.offload import load_offloaded_weights
 from accelerando.big_model.sizes import (
+    CustomDtype,
     calculate_maximum_sizes,
     check_tied_parameters_in_config,
     compute_module_sizes,
@@ -35,6 +38,7 @@ from accelerando.big_model.sizes import (
 from accelerando.big_model.tensors import align_module_device, set_module_tensor_to_device
 
 __all__ = [
+    "CustomDtype",
     "align_module_device",
     "calculate_maximum_sizes",
     "check_device_map",
@@ -68,30 +72,26 @@ logger = logging.getLogger(__name__)
 
 def get_module_size_with_ties(
     tied_params: Sequence[str],
-    module_size: int,
-    module_sizes: Mapping[str, int],
+    module_size: float,
+    module_sizes: Mapping[str, float],
     modules_to_treat: Sequence[tuple[str, nn.Module]],
-) -> tuple[int, list[str], list[nn.Module]]:
+) -> tuple[float, list[str], list[nn.Module]]:
     """Size of a module placed together with the modules holding the other ends of its tied parameters.
 
     Each tied parameter is found in the first of `modules_to_treat` that contains it; that module's
     size is added, less the tied parameter itself (counted once already).
     Returns (size, names of those modules, the modules).
     """
-    names: list[str] = []
-    modules: list[nn.Module] = []
-    size = module_size
-    for param in tied_params:
-        owner = next(((n, m) for n, m in modules_to_treat if param == n or param.startswith(n + ".")), None)
+    owners = tie_owners(tied_params, modules_to_treat)
+    for param, owner in zip(tied_params, owners):
         if owner is None:
             raise ValueError(
                 f"tied parameter {param!r} is in none of the modules to treat "
                 f"({[n for n, _ in modules_to_treat]})"
             )
-        names.append(owner[0])
-        modules.append(owner[1])
-        size += module_sizes[owner[0]] - module_sizes[param]
-    return size, names, modules
+    found = [o for o in owners if o is not None]
+    size = size_with_ties(tied_params, module_size, module_sizes, owners)
+    return size, [n for n, _ in found], [m for _, m in found]  # type: ignore[misc]
 
 
 def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
