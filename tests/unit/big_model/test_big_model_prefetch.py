@@ -52,6 +52,7 @@ class Recorder:
         monkeypatch.setattr(StreamFetcher, "start", logged_start)
 
     def alive(self) -> int:
+        prefetch._executor().submit(lambda: None).result()  # one worker: every queued prefetch has run
         gc.collect()
         return sum(ref() is not None for ref in self.handed)
 
