@@ -284,7 +284,7 @@ class Accelerator(ConfigViews):
     def prepare_data_loader(
         self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
     ) -> Any:
-        from accelerando.data.loaders import prepare_data_loader
+        from accelerando.data import prepare_data_loader
 
         placement = self.device_placement if device_placement is None else device_placement
         prepared = prepare_data_loader(
@@ -301,7 +301,7 @@ class Accelerator(ConfigViews):
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        from accelerando.data.loaders import skip_first_batches
+        from accelerando.data import skip_first_batches
 
         return skip_first_batches(dataloader, num_batches=num_batches)
 
