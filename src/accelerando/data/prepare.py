@@ -108,56 +108,32 @@ def _source_batch_sampler(dl: DataLoader) -> tuple[Any, bool]:
 
 
 def _shard(
-    dl: DataLoader, n: int, rank: int, config: DataLoaderConfiguration, sampler_type: Any, dataset_type: Any
+    dl: DataLoader, n: int, rank: int, config: DataLoaderConfiguration, dispatch: bool
 ) -> tuple[Any, Any, int, dict[str, Any]]:
-    """(shard, the dataset the prepared loader reads, the shuffle seed, torch DataLoader arguments)."""
+    """(shard, the dataset the prepared loader reads, the shuffle seed, torch DataLoader arguments).
+
+    A map-style loader's batch sampler is wrapped in a `BatchSamplerShard` (a dispatcher's: every
+    rank's batches), an iterable dataset in an `IterableDatasetShard` (a dispatcher's: all of it).
+    """
     kwargs = loader_kwargs(dl)
     if isinstance(dl.dataset, IterableDataset):
         if dl.batch_size is None:
             raise ValueError(
                 "prepare needs a batch_size for an IterableDataset DataLoader (got batch_size=None)"
             )
-        split, even = config.split_batches, config.even_batches
-        shard = dataset_type(dl.dataset, dl.batch_size, dl.drop_last, n, rank, split, even)
+        stream = GlobalBatchDataset if dispatch else IterableDatasetShard
+        shard: Any = stream(
+            dl.dataset, dl.batch_size, dl.drop_last, n, rank, config.split_batches, config.even_batches
+        )
         kwargs.update(batch_size=shard.loader_batch_size, drop_last=False)
         return shard, shard, resolve_seed(config, dl, n, False), kwargs
     batch_sampler, as_sampler = _source_batch_sampler(dl)
     seed = resolve_seed(config, dl, n, _is_random(getattr(batch_sampler, "sampler", None)))
     batch_sampler = with_seedable_sampler(batch_sampler, seed)
-    shard = sampler_type(batch_sampler, n, rank, config.split_batches, config.even_batches)
+    sampler = DispatchBatchSampler if dispatch else BatchSamplerShard
+    shard = sampler(batch_sampler, n, rank, config.split_batches, config.even_batches)
     kwargs.update({"sampler": shard, "batch_size": None} if as_sampler else {"batch_sampler": shard})
     return shard, dl.dataset, seed, kwargs
-
-
-def prepared_args(
-    dl: DataLoader,
-    num_processes: int,
-    process_index: int,
-    device: torch.device | None,
-    config: DataLoaderConfiguration,
-    gradient_state: Any,
-    put_on_device: bool,
-    sampler_type: type[BatchSamplerShard],
-    dataset_type: type[IterableDatasetShard],
-) -> tuple[Any, dict[str, Any]]:
-    """(dataset, keyword arguments) of the prepared loader over `dl`: a map-style loader's batch
-    sampler wrapped in `sampler_type`, an iterable dataset in `dataset_type`."""
-    shard, dataset, seed, kwargs = _shard(
-        dl, num_processes, process_index, config, sampler_type, dataset_type
-    )
-    return dataset, dict(
-        kwargs,
-        device=device,
-        shard=shard,
-        progress=Progress(seed),
-        rank=process_index,
-        put_on_device=put_on_device,
-        non_blocking=bool(config.non_blocking),
-        gradient_state=gradient_state,
-        use_stateful_dataloader=bool(config.use_stateful_dataloader),
-        total_batch_size=shard.spec.global_size if getattr(shard, "batch_size", 1) else None,
-        total_dataset_length=len(dl.dataset) if hasattr(dl.dataset, "__len__") else None,  # type: ignore[arg-type]
-    )
 
 
 def _check_args(dataloader: Any, num_processes: Any, process_index: Any, config: Any) -> None:
@@ -236,17 +212,24 @@ def prepare_data_loader(
     assert isinstance(num_processes, int) and isinstance(process_index, int)
     iterable = isinstance(dataloader.dataset, IterableDataset)
     dispatch = iterable if config.dispatch_batches is None else bool(config.dispatch_batches)
-    args = (dataloader, num_processes, process_index, device, config, gradient_state, put_on_device)
-    if not dispatch:
-        dataset, kwargs = prepared_args(*args, BatchSamplerShard, IterableDatasetShard)
-        return DataLoaderShard(dataset, **kwargs)
-    if num_processes > 1 and not (dist.is_available() and dist.is_initialized()):
+    if dispatch and num_processes > 1 and not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "dispatch_batches=True with several processes needs torch.distributed initialized first"
         )
+    shard, dataset, seed, kwargs = _shard(dataloader, num_processes, process_index, config, dispatch)
+    kwargs.update(device=device, shard=shard, progress=Progress(seed), rank=process_index)
+    kwargs.update(put_on_device=put_on_device, gradient_state=gradient_state)
+    kwargs.update(
+        non_blocking=bool(config.non_blocking), use_stateful_dataloader=bool(config.use_stateful_dataloader)
+    )
+    kwargs.update(
+        total_batch_size=shard.spec.global_size if getattr(shard, "batch_size", 1) else None,
+        total_dataset_length=len(dataloader.dataset) if hasattr(dataloader.dataset, "__len__") else None,  # type: ignore[arg-type]
+    )
+    if not dispatch:
+        return DataLoaderShard(dataset, **kwargs)
     pin = bool(dataloader.pin_memory) and accelerator_device().type not in ("cpu", "xla")
-    channel = open_channel(num_processes, process_index, pin)  # collective: before any other
-    dataset, kwargs = prepared_args(*args, DispatchBatchSampler, GlobalBatchDataset)
+    channel = open_channel(num_processes, process_index, pin)  # collective, as every line above
     return DataLoaderDispatcher(
         dataset, channel=channel, slice_fn=slice_fn_for_dispatch, world_size=num_processes, **kwargs
     )

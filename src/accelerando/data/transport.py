@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
@@ -197,7 +198,8 @@ def local_route(group: Any, channel: Channel) -> None:
     """Connect rank 0 with every rank of its host through a ring, and find which of those may read
     its memory (opt-in); collective over `group`. Ranks left out are reached over gloo."""
     rank, timeout = channel.rank, group_timeout(group)
-    listener, name = shm_ring.listen(dist.get_world_size(group)) if rank == 0 else (None, "")
+    ring = rank == 0 and sys.platform.startswith("linux")
+    listener, name = shm_ring.listen(dist.get_world_size(group)) if ring else (None, "")
     probe = torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
     cross = rank == 0 and env.dispatch_cross_memory()
     if cross:
@@ -209,7 +211,7 @@ def local_route(group: Any, channel: Channel) -> None:
     ]
     dist.broadcast_object_list(offer, src=0, group=group)
     host, name, probe_at = offer
-    if rank and host == socket.gethostname():
+    if rank and name and host == socket.gethostname():
         channel.reader = shm_ring.connect(name, rank, timeout)
     reader = channel.reader
     reads = reader is not None and probe_at is not None and cross_memory.probe(reader.pid, *probe_at)
