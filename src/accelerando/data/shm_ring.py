@@ -85,7 +85,10 @@ class _End:
         want = ([], [self.sock]) if writing else ([self.sock], [])
         batch = os.sched_getscheduler(0) == os.SCHED_OTHER
         if batch:
-            os.sched_setscheduler(0, os.SCHED_BATCH, _PARAM)
+            try:
+                os.sched_setscheduler(0, os.SCHED_BATCH, _PARAM)
+            except OSError:  # a sandbox that forbids it: wait as a normal thread
+                batch = False
         try:
             while not any(select.select(*want, [], _CHECK_SECONDS)[:2]):
                 if not _alive(self.pid):

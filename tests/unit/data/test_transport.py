@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -87,3 +88,13 @@ def test_remote_codec_reuses_a_description_only_for_the_same_structure() -> None
     assert codec.pack_addresses((torch.zeros(2), torch.ones(3))).header is first
     assert codec.pack_addresses((torch.zeros(3), torch.ones(3))).header != first  # shapes changed
     assert codec.pack_addresses([torch.zeros(3), torch.ones(3)]).header != first  # container changed
+
+
+def test_cross_memory_reads_are_opt_in() -> None:
+    from accelerando.config import env
+
+    assert env.dispatch_cross_memory({}) is False
+    assert env.dispatch_cross_memory({"ACCELERANDO_DISPATCH_CROSS_MEMORY": "1"}) is True
+    assert env.dispatch_cross_memory({"ACCELERATE_DISPATCH_CROSS_MEMORY": "true"}) is True
+    with pytest.raises(ValueError, match="ACCELERANDO_DISPATCH_CROSS_MEMORY='maybe'"):
+        env.dispatch_cross_memory({"ACCELERANDO_DISPATCH_CROSS_MEMORY": "maybe"})
