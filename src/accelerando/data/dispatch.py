@@ -243,13 +243,10 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
             if msgs:
                 self._channel.send_round(msgs, None if counts is None else self._marks(msgs, sent, counts))
             mine = pieces[0]
-            # Hold no other rank's batch while the next round loads: the channel keeps it exactly
-            # as long as its receiver needs it, and the loader can then reuse that memory.
-            del pieces, msgs
+            del pieces, msgs  # hold no other rank's batch while the next round loads
             if mine is not None:
                 yield mine
             del mine
-            self._channel.reclaim()
         final = EndMsg(self._final_remainder())
         last = {r: final for r in range(1, n) if r not in ended}
         if last:

@@ -149,7 +149,10 @@ class RingWriter(_End):
             self.held[self.unread.popleft()] = None
 
     def _wait_until(self, unread: int) -> None:
-        self.reclaim()
+        """Take acknowledgements only when more than `unread` messages are out (a look costs a
+        system call), waiting for them if need be."""
+        if len(self.unread) > unread:
+            self.reclaim()
         while len(self.unread) > unread:
             self.wait()
             self.reclaim()

@@ -70,11 +70,6 @@ class Channel:
     def begin_pass(self) -> None:
         self.pass_id += 1
 
-    def reclaim(self) -> None:
-        """Rank 0, between batches: release the batches receivers have finished reading."""
-        for writer in self.writers.values():
-            writer.reclaim()
-
     def end_pass(self) -> None:
         """Wait until every receiver has taken the pass's messages (a process may exit right after,
         and a cross-memory receiver reads rank 0's own memory).
