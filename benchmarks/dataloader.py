@@ -5,11 +5,10 @@
 Runs itself under torchrun (gloo, CPU) and prints, for one epoch over the same dataset: plain
 `DataLoader` + `DistributedSampler` (the baseline), accelerando's prepared loader, accelerando
 with `dispatch_batches=True`, the floor of any dispatcher (rank 0 reading every rank's batches and
-sending nothing; again with the other ranks spinning meanwhile, as waiting receivers do on a
-machine with a core per rank), and the same two through Hugging Face Accelerate when it is
-importable. Times are the slowest rank's, median over interleaved repeats (the order rotates each
-repeat); each ratio is the median over repeats of the loader's time against the plain loader's
-(and, for a dispatcher, the floor's) in the same repeat. Then what `skip_first_batches` adds to
+sending nothing), and the same two through Hugging Face Accelerate when it is importable. Times
+are the slowest rank's, median over interleaved repeats (the order rotates each repeat); each
+ratio is the median over repeats of the loader's time against the plain loader's (and, for a
+dispatcher, the floor's) in the same repeat. Then what `skip_first_batches` adds to
 the time to the first batch when it jumps to batch 2,000, with cheap and with expensive samples
 (it must not grow with the cost of a sample).
 """
@@ -106,61 +105,14 @@ def _factories(ds: Dataset, bs: int, epoch: list[int]) -> dict[str, Callable[[],
         """The floor of any dispatcher: rank 0 reads every rank's batches and sends nothing."""
         return DataLoader(ds, batch_size=bs, shuffle=True) if rank == 0 else []
 
-    done = _shared_counter("/dev/shm/accelerando-bench-floor")
-    passes = [0]
-
-    def rank0_alone_beside_spinning() -> Any:
-        """The same floor with the other ranks spinning meanwhile, as a dispatcher's waiting receivers do."""
-        passes[0] += 1
-        if rank == 0:
-            return _Rank0Reads(DataLoader(ds, batch_size=bs, shuffle=True), done, passes[0])
-        return _SpinUntil(done, passes[0])
-
     out = {"plain DataLoader + DistributedSampler": plain, "accelerando": ours(False)}
     out.update({"accelerando dispatch_batches": ours(True)})
-    out.update({FLOOR: rank0_alone, BUSY_FLOOR: rank0_alone_beside_spinning})
+    out[FLOOR] = rank0_alone
     out.update(_accelerate_factories(ds, bs))
     return out
 
 
 FLOOR = "(floor) rank 0 alone reads all, sends nothing"
-BUSY_FLOOR = "(floor) the same, the others spinning"
-
-
-def _shared_counter(path: str) -> torch.Tensor:
-    """One int64 in shared memory that every rank of this host maps; collective."""
-    if dist.get_rank() == 0:
-        with open(path, "wb") as f:
-            f.truncate(8)
-    dist.barrier()
-    counter = torch.from_file(path, shared=True, size=1, dtype=torch.int64)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        os.unlink(path)
-    return counter
-
-
-class _Rank0Reads:
-    """Rank 0 iterates `loader`, then sets `done` to `number`."""
-
-    def __init__(self, loader: Any, done: torch.Tensor, number: int) -> None:
-        self.loader, self.done, self.number = loader, done, number
-
-    def __iter__(self) -> Any:
-        yield from self.loader
-        self.done[0] = self.number
-
-
-class _SpinUntil:
-    """An empty loader that spins until rank 0 has set `done` to `number`."""
-
-    def __init__(self, done: torch.Tensor, number: int) -> None:
-        self.done, self.number = done.numpy(), number
-
-    def __iter__(self) -> Any:
-        while int(self.done[0]) < self.number:
-            pass
-        return iter(())
 
 
 def _slowest(seconds: float) -> float:
@@ -207,7 +159,7 @@ def bench_iteration(args: argparse.Namespace) -> list[tuple[str, float, float, f
             name,
             statistics.median(ts),
             paired(ts, base),
-            paired(ts, floor) if "dispatch" in name or name == BUSY_FLOOR else None,
+            paired(ts, floor) if "dispatch" in name else None,
         )
         for name, ts in times.items()
     ]

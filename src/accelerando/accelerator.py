@@ -294,7 +294,7 @@ class Accelerator(ConfigViews):
     def prepare_data_loader(
         self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
     ) -> Any:
-        from accelerando.data.loaders import prepare_data_loader
+        from accelerando.data import prepare_data_loader
 
         if _prepare.is_prepared(data_loader):
             return _prepare.register_once(self._dataloaders, data_loader)
@@ -312,7 +312,7 @@ class Accelerator(ConfigViews):
         return _prepare.register_once(self._dataloaders, _prepare.mark_prepared(prepared))
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        from accelerando.data.loaders import skip_first_batches
+        from accelerando.data import skip_first_batches
 
         return skip_first_batches(dataloader, num_batches=num_batches)
 

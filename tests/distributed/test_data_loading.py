@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from accelerando.testing import run_distributed
+import pytest
+
+from accelerando.testing import free_port, run_distributed
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -36,3 +41,34 @@ def test_dispatch_killed_rank_ends_the_job_and_leaves_no_shared_memory_files() -
     run_distributed(SCRIPTS / "data_killed.py", expect_success=False, timeout=120)
     assert time.monotonic() - start < 30
     assert _shm_files() <= before
+
+
+def _start_pair(victim: int, route: str) -> list[subprocess.Popen[str]]:
+    """Two ranks as plain processes, as `srun` or `mpirun` start them: no agent stops the survivor."""
+    port, procs = free_port(), []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            **{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+            **{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
+        }
+        script = [sys.executable, str(SCRIPTS / "data_dead_peer.py"), str(victim), route]
+        procs.append(
+            subprocess.Popen(script, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    return procs
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ring is Linux only")
+def test_dispatch_peer_killed_mid_epoch_makes_the_other_rank_raise_naming_it() -> None:
+    """A dead receiver makes rank 0 raise within 10 s naming it, and a dead rank 0 its receiver,
+    over the shared-memory ring and over gloo (the four pairs run at once)."""
+    cases = [(victim, route) for victim in (1, 0) for route in ("ring", "gloo")]
+    pairs = {case: _start_pair(*case) for case in cases}
+    for (victim, route), procs in pairs.items():
+        outs = [p.communicate(timeout=120) for p in procs]
+        died = [line for line in outs[victim][0].splitlines() if line.startswith("DYING")]
+        raised = [line for line in outs[1 - victim][0].splitlines() if line.startswith("RAISED")]
+        assert died and raised and procs[1 - victim].returncode == 3, (victim, route, outs)
+        assert float(raised[0].split()[1]) - float(died[0].split()[1]) < 10, (victim, route, raised, died)
+        assert f"rank {victim}" in raised[0], (victim, route, raised)

@@ -155,6 +155,13 @@ def clear_environment() -> Iterator[None]:
         os.environ.update(saved)
 
 
+def dispatch_cross_memory(env: Mapping[str, str] | None = None) -> bool:
+    """`ACCELERANDO_DISPATCH_CROSS_MEMORY=1`: rank 0 of a `dispatch_batches` loader lets the ranks
+    on its host read its memory (`process_vm_readv`). Off unless asked: it lets any process of the
+    same user ptrace rank 0 (`PR_SET_PTRACER_ANY`)."""
+    return flag("DISPATCH_CROSS_MEMORY", default=False, env=env)
+
+
 # --- launcher side (owned by the launcher issue): what `accelerando launch` reads and writes ---
 
 # Variable that hides devices from a process, per device kind (`--gpu_ids`).

@@ -17,14 +17,13 @@ from itertools import zip_longest
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
-from accelerando.config.options import DataLoaderConfiguration
+from accelerando.data import heap
 from accelerando.data import sharding as sh
-from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
-from accelerando.data.samplers import BatchSamplerShard
-from accelerando.data.transport import MORE, UNKNOWN, Channel, EndMsg, open_channel
+from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, StatefulDataLoader
+from accelerando.data.samplers import BatchSamplerShard, IterableDatasetShard
+from accelerando.data.transport import MORE, UNKNOWN, Channel, EndMsg
 
 
 def batch_length(batch: Any) -> int:
@@ -71,19 +70,10 @@ class DispatchBatchSampler(BatchSamplerShard):
         """True when rank 0 loads whole global batches and slices them."""
         return bool(self.plain and self.split_batches)
 
-    def length_for(self, rank: int) -> int:
-        """Batches rank `rank` gets in a whole epoch."""
-        spec = self.spec.for_rank(rank)
-        if self.plain:
-            return sh.num_batches(len(self.batch_sampler.sampler), spec)
-        if self.split_batches:
-            return len(self.batch_sampler)
-        return sh.round_robin_len(len(self.batch_sampler), spec)
-
     def __len__(self) -> int:
         if self.global_batches:  # rank 0 always has the most
-            return max(self.length_for(0) - self.skip, 0)
-        return sum(max(self.length_for(r) - self.skip, 0) for r in range(self.num_processes))
+            return max(self.full_length(0) - self.skip, 0)
+        return sum(max(self.full_length(r) - self.skip, 0) for r in range(self.num_processes))
 
     def __iter__(self) -> Iterator[list[int]]:
         spec, skip = self.spec, self.skip
@@ -129,40 +119,20 @@ def _pieces(chunks: Iterator[list[Any]], spec: sh.ShardSpec) -> Iterator[list[An
                 yield chunk[bounds[0] : bounds[1]]
 
 
-class GlobalBatchDataset(IterableDataset):
-    """Rank 0's view of an iterable dataset: the stream cut in global batches (padded or short).
+class GlobalBatchDataset(IterableDatasetShard):
+    """Rank 0's view of an iterable dataset: every global batch of the stream (padded or short).
 
     Rank 0's loader batches it by the global size (`split_batches`) or by the per-rank size, which
     cuts each global batch into the ranks' batches in rank order.
     """
 
-    def __init__(self, dataset: Any, spec: sh.ShardSpec) -> None:
-        self.dataset = dataset
-        self.spec = spec
-        self.skip = 0
-        self.remainder = -1
-
     @property
     def global_batches(self) -> bool:
-        return self.spec.split_batches
+        return self.split_batches
 
     @property
-    def even_batches(self) -> bool:
-        return self.spec.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        s = self.spec
-        self.spec = sh.ShardSpec(s.rank, s.world_size, s.batch_size, s.split_batches, value, s.drop_last)
-
-    def set_epoch(self, epoch: int) -> None:
-        fn = getattr(self.dataset, "set_epoch", None)
-        if callable(fn):
-            fn(epoch)
-
-    def length_for(self, rank: int) -> int:
-        spec = self.spec.for_rank(rank)
-        return -(-sh.num_samples_of_rank(len(self.dataset), spec) // spec.per_rank)
+    def loader_batch_size(self) -> int:
+        return self.spec.global_size if self.split_batches else self.spec.per_rank
 
     def __iter__(self) -> Iterator[Any]:
         self.remainder = 0
@@ -180,59 +150,23 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         dataset: Any,
         device: torch.device | None = None,
         *,
-        shard: Any,
         channel: Channel,
         slice_fn: Callable[..., Any] | None,
-        progress: Progress,
-        rank: int = 0,
         world_size: int = 1,
-        put_on_device: bool = True,
-        non_blocking: bool = False,
-        gradient_state: Any = None,
-        total_batch_size: int | None = None,
-        total_dataset_length: int | None = None,
-        use_stateful_dataloader: bool = False,
         **kwargs: Any,
     ) -> None:
-        self._build(
-            dataset,
-            device,
-            kwargs,
-            dict(
-                shard=shard,
-                channel=channel,
-                slice_fn=slice_fn,
-                progress=progress,
-                rank=rank,
-                world_size=world_size,
-                put_on_device=put_on_device,
-                non_blocking=non_blocking,
-                gradient_state=gradient_state,
-                total_batch_size=total_batch_size,
-                total_dataset_length=total_dataset_length,
-                use_stateful_dataloader=use_stateful_dataloader,
-            ),
-        )
+        super().__init__(dataset, device, **kwargs)
+        self._ctor[1].update(channel=channel, slice_fn=slice_fn, world_size=world_size)
         self._world = world_size
         self._slice_fn = slice_fn
         self._channel = channel
         self._remote_remainder = -1
         self._mark = UNKNOWN  # what rank 0 said of the batches after the one received last
-        if rank == 0:  # it also frees, at once, batches its receivers have finished reading
-            self._batches_freed_together = 4 * world_size
 
     even_batches = DataLoaderShard.even_batches
 
-    def _full_length(self) -> int:
-        return int(self._shard.length_for(self._rank))
-
     def _final_remainder(self) -> int:
-        if self._rank != 0:
-            return self._remote_remainder
-        rem = int(getattr(self._shard, "remainder", -1))
-        if rem < 0 and self._total_dataset_length is not None:
-            return sh.remainder(self._total_dataset_length, self._shard.spec)
-        return rem
+        return super()._final_remainder() if self._rank == 0 else self._remote_remainder
 
     def _snapshot(self) -> Any:
         return super()._snapshot() if self._rank == 0 else None
@@ -296,7 +230,9 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         n = self._world
         rounds = _cut_each(inner, self._cut) if global_mode else _group(inner, n)
         sent = [0] * n
-        for pieces in rounds:
+        for number, pieces in enumerate(rounds):
+            if number == 0:  # rank 0 frees a few rounds at once: glibc must keep that memory
+                heap.keep_freed(4 * heap.tensor_bytes(pieces))
             if len(pieces) == n and not ended and all(p is not None for p in pieces):
                 msgs = dict(zip(range(1, n), pieces[1:]))  # the usual round: a batch for everyone
             else:
@@ -307,13 +243,10 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
             if msgs:
                 self._channel.send_round(msgs, None if counts is None else self._marks(msgs, sent, counts))
             mine = pieces[0]
-            # Hold no other rank's batch while the next round loads: the channel keeps it exactly
-            # as long as its receiver needs it, and the loader can then reuse that memory.
-            del pieces, msgs
+            del pieces, msgs  # hold no other rank's batch while the next round loads
             if mine is not None:
                 yield mine
             del mine
-            self._channel.reclaim()
         final = EndMsg(self._final_remainder())
         last = {r: final for r in range(1, n) if r not in ended}
         if last:
@@ -361,59 +294,3 @@ if StatefulDataLoader is not None:
 
 else:  # pragma: no cover
     StatefulDataLoaderDispatcher = None  # type: ignore[assignment,misc]
-
-
-def prepare_dispatcher(
-    dl: DataLoader,
-    num_processes: int,
-    process_index: int,
-    device: torch.device | None,
-    config: DataLoaderConfiguration,
-    gradient_state: Any,
-    put_on_device: bool = True,
-    slice_fn: Callable[..., Any] | None = None,
-) -> DataLoaderDispatcher:
-    """Build the dispatcher; every rank must call it (the first one may create the transfer group)."""
-    from accelerando.data import prepare as prep
-
-    if num_processes > 1 and not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(
-            "dispatch_batches=True with several processes needs torch.distributed initialized first"
-        )
-    pin = bool(dl.pin_memory) and torch.cuda.is_available()
-    channel = open_channel(num_processes, process_index, pin)
-    dataset: Any = dl.dataset
-    if isinstance(dl.dataset, IterableDataset):
-        kwargs = prep.loader_kwargs(dl)
-        if dl.batch_size is None:
-            raise ValueError("dispatch_batches=True needs a batch_size for an IterableDataset (got None)")
-        spec = sh.ShardSpec(
-            process_index,
-            num_processes,
-            dl.batch_size,
-            config.split_batches,
-            config.even_batches,
-            dl.drop_last,
-        )
-        shard: Any = GlobalBatchDataset(dl.dataset, spec)
-        dataset = shard
-        kwargs.update(batch_size=spec.global_size if spec.split_batches else spec.per_rank, drop_last=False)
-        seed = prep.resolve_seed(config, dl, num_processes, False)
-    else:
-        shard, seed, kwargs = prep.shard_batch_sampler(
-            dl, num_processes, process_index, config, DispatchBatchSampler
-        )
-    spec = shard.spec
-    return DataLoaderDispatcher(
-        dataset,
-        shard=shard,
-        channel=channel,
-        slice_fn=slice_fn,
-        progress=Progress(seed),
-        rank=process_index,
-        world_size=num_processes,
-        put_on_device=put_on_device,
-        total_batch_size=spec.global_size if getattr(shard, "batch_size", 1) else None,
-        **prep._common(dl, device, config, gradient_state),
-        **kwargs,
-    )

@@ -17,9 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from accelerando.data import heap
 from accelerando.data.samplers import SeedableRandomSampler
-from accelerando.data.sharding import num_samples_of_rank as sh_num_samples
 from accelerando.data.sharding import remainder as sh_remainder
 from accelerando.ops.tree import send_to_device
 
@@ -72,7 +70,7 @@ class DataLoaderStateMixin:
 
 
 class PreparedLoaderMixin(DataLoaderStateMixin):
-    """The behaviour shared by every prepared loader; subclasses provide `_source` and `_full_length`."""
+    """The behaviour shared by every prepared loader; subclasses provide `_source`."""
 
     device: torch.device | None = None
     _progress: Progress
@@ -92,26 +90,40 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             cls = cls._stateful_twin
         return object.__new__(cls)
 
-    def _build(
-        self, dataset: Any, device: torch.device | None, kwargs: dict[str, Any], own: dict[str, Any]
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | None = None,
+        *,
+        shard: Any,
+        progress: Progress,
+        rank: int = 0,
+        put_on_device: bool = True,
+        non_blocking: bool = False,
+        gradient_state: Any = None,
+        total_batch_size: int | None = None,
+        total_dataset_length: int | None = None,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Any,
     ) -> None:
-        """Build torch's DataLoader from `kwargs` and this class's state from `own` (its keyword
-        arguments); both are kept so that `skip_first_batches` can build a twin."""
+        """`shard` does the index math, `progress` holds epoch and seed; `kwargs` go to torch's
+        DataLoader. Every argument is kept so that `skip_first_batches` can build a twin."""
+        own = dict(shard=shard, progress=progress, rank=rank, put_on_device=put_on_device)
+        own.update(
+            non_blocking=non_blocking, gradient_state=gradient_state, total_batch_size=total_batch_size
+        )
+        own.update(total_dataset_length=total_dataset_length, use_stateful_dataloader=use_stateful_dataloader)
         self._ctor = ((dataset, device), dict(kwargs, **own))
         self._worker_generator = torch.Generator()
-        kwargs = dict(kwargs, generator=self._worker_generator)
         with warnings.catch_warnings():  # torchdata 0.11 warns about its own deprecated call
             warnings.filterwarnings("ignore", message=".*set_vital.*")
-            super().__init__(dataset, **kwargs)  # type: ignore[call-arg]
-        self._shard = own["shard"]
-        self._progress = own["progress"]
-        self._rank = own["rank"]
-        self.device = device
-        self._move = bool(own["put_on_device"] and device is not None and torch.device(device).type != "cpu")
-        self._non_blocking = own["non_blocking"]
-        self.gradient_state = own["gradient_state"]
-        self._total_batch_size = own["total_batch_size"]
-        self._total_dataset_length = own["total_dataset_length"]
+            super().__init__(dataset, generator=self._worker_generator, **kwargs)  # type: ignore[call-arg]
+        self._shard, self._progress, self._rank, self.device = shard, progress, rank, device
+        self._move = bool(put_on_device and device is not None and torch.device(device).type != "cpu")
+        self._non_blocking = non_blocking
+        self.gradient_state = gradient_state
+        self._total_batch_size = total_batch_size
+        self._total_dataset_length = total_dataset_length
         self._stateful = StatefulDataLoader is not None and isinstance(self, StatefulDataLoader)
         self.reset()
 
@@ -120,10 +132,14 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         raise NotImplementedError
 
     def _full_length(self) -> int:
-        raise NotImplementedError
+        return int(self._shard.full_length(self._rank))  # type: ignore[attr-defined]
 
     def _final_remainder(self) -> int:
-        return -1
+        """Real samples of the pass's final batch when `even_batches` padded it, else 0 (-1: not known yet)."""
+        rem = int(getattr(self._shard, "remainder", -1))  # type: ignore[attr-defined]
+        if rem < 0 and self._total_dataset_length is not None:
+            return sh_remainder(self._total_dataset_length, self._shard.spec)  # type: ignore[attr-defined]
+        return rem
 
     def _apply_epoch(self, epoch: int) -> None:
         """Tell the sampler / dataset which epoch (and seed, after a restore) the coming pass uses."""
@@ -197,10 +213,6 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         if gen is not None:
             gen.manual_seed(worker_seed(self._progress.seed, epoch, self._rank))
 
-    # Batches this loader's process may free at once: the user's, the current and the next one,
-    # and, when a pass ends, those of the next pass's start (torch's iterator is rebuilt).
-    _batches_freed_together = 8
-
     def _is_last(self, number: int) -> bool | None:
         """Whether batch `number` (from 1) of this pass is its last; None when only reading on
         can tell (the loader then loads one batch ahead to set `end_of_dataloader` in time)."""
@@ -218,7 +230,6 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         if current is _END:
             self.end_of_dataloader = True
             return
-        heap.keep_freed(self._batches_freed_together * heap.tensor_bytes(current))
         while True:
             snapshot = self._snapshot()
             last = self._is_last(self.batches_yielded + 1)
@@ -295,39 +306,6 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
     DataLoader machinery (workers, collate, pin memory) is torch's, untouched.
     """
 
-    def __init__(
-        self,
-        dataset: Any,
-        device: torch.device | None = None,
-        *,
-        shard: Any,
-        progress: Progress,
-        rank: int = 0,
-        put_on_device: bool = True,
-        non_blocking: bool = False,
-        gradient_state: Any = None,
-        total_batch_size: int | None = None,
-        total_dataset_length: int | None = None,
-        use_stateful_dataloader: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        self._build(
-            dataset,
-            device,
-            kwargs,
-            dict(
-                shard=shard,
-                progress=progress,
-                rank=rank,
-                put_on_device=put_on_device,
-                non_blocking=non_blocking,
-                gradient_state=gradient_state,
-                total_batch_size=total_batch_size,
-                total_dataset_length=total_dataset_length,
-                use_stateful_dataloader=use_stateful_dataloader,
-            ),
-        )
-
     @property
     def even_batches(self) -> bool:
         return bool(self._shard.even_batches)
@@ -336,19 +314,6 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
     def even_batches(self, value: bool) -> None:
         """Takes effect on the next pass (`join_uneven_inputs` flips it for evaluation)."""
         self._shard.even_batches = bool(value)
-
-    def _full_length(self) -> int:
-        shard = self._shard
-        if hasattr(shard, "full_length"):
-            return int(shard.full_length())
-        spec = shard.spec
-        return -(-sh_num_samples(len(shard.dataset), spec) // spec.per_rank)
-
-    def _final_remainder(self) -> int:
-        rem = int(getattr(self._shard, "remainder", -1))
-        if rem < 0 and self._total_dataset_length is not None:
-            return sh_remainder(self._total_dataset_length, self._shard.spec)
-        return rem
 
     def _source(self, start: int) -> Iterator[Any]:
         restoring = self._stateful and self._pending_state is not None
@@ -369,16 +334,3 @@ if StatefulDataLoader is not None:
 
 else:  # pragma: no cover
     StatefulDataLoaderShard = None  # type: ignore[assignment,misc]
-
-
-def __getattr__(name: str) -> Any:
-    """`prepare_data_loader` / `skip_first_batches` live in their own modules (which import this one)."""
-    if name == "prepare_data_loader":
-        from accelerando.data.prepare import prepare_data_loader
-
-        return prepare_data_loader
-    if name == "skip_first_batches":
-        from accelerando.data.skip import skip_first_batches
-
-        return skip_first_batches
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,9 @@
 """`prepare_data_loader`: turn a user's DataLoader into this process's prepared loader.
 
-The user's DataLoader is read, never modified: its dataset, collate_fn, workers, pin_memory and
-batch sampler are reused; only a plain `RandomSampler` is swapped for `SeedableRandomSampler` so
+One function for both callers: Accelerate's signature (process coordinates from `PartialState`
+or a device mesh) and the Accelerator's (`config=` its `DataLoaderConfiguration`). The user's
+DataLoader is read, never modified: its dataset, collate_fn, workers, pin_memory and batch sampler
+are reused; only a plain `RandomSampler` is swapped (on a copy) for `SeedableRandomSampler` so
 every process agrees on the order without drawing from the global RNG.
 """
 
@@ -16,16 +18,18 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from accelerando.config.options import DataLoaderConfiguration
-from accelerando.data.loaders import DataLoaderShard, Progress
+from accelerando.data.dispatch import DataLoaderDispatcher, DispatchBatchSampler, GlobalBatchDataset
+from accelerando.data.loaders import DataLoaderShard, Progress, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
+from accelerando.data.transport import open_channel
+from accelerando.devices import accelerator_device
+from accelerando.state import GradientState, PartialState
 
 try:
-    from torchdata.stateful_dataloader import StatefulDataLoader
     from torchdata.stateful_dataloader.sampler import RandomSampler as _TorchdataRandomSampler
 
     _RANDOM_SAMPLERS: tuple[type, ...] = (RandomSampler, _TorchdataRandomSampler, SeedableRandomSampler)
 except ImportError:  # pragma: no cover
-    StatefulDataLoader = None  # type: ignore[assignment,misc]
     _RANDOM_SAMPLERS = (RandomSampler, SeedableRandomSampler)
 
 
@@ -91,18 +95,6 @@ def resolve_seed(config: DataLoaderConfiguration, dl: DataLoader, num_processes:
     return seed
 
 
-def _common(
-    dl: DataLoader, device: torch.device | None, config: DataLoaderConfiguration, gradient_state: Any
-) -> dict[str, Any]:
-    return {
-        "device": device,
-        "non_blocking": bool(config.non_blocking),
-        "gradient_state": gradient_state,
-        "use_stateful_dataloader": bool(config.use_stateful_dataloader),
-        "total_dataset_length": len(dl.dataset) if hasattr(dl.dataset, "__len__") else None,  # type: ignore[arg-type]
-    }
-
-
 def _source_batch_sampler(dl: DataLoader) -> tuple[Any, bool]:
     """(batch sampler, whether it is passed as `sampler=` with `batch_size=None`)."""
     if dl.batch_sampler is not None:
@@ -115,82 +107,36 @@ def _source_batch_sampler(dl: DataLoader) -> tuple[Any, bool]:
     )
 
 
-def shard_batch_sampler(
-    dl: DataLoader,
-    num_processes: int,
-    process_index: int,
-    config: DataLoaderConfiguration,
-    shard_type: type[BatchSamplerShard],
-) -> tuple[Any, int, dict[str, Any]]:
-    """(the map-style loader's batch sampler wrapped in `shard_type`, the shuffle seed, the
-    DataLoader arguments that use it in place of the original sampler or batch sampler)."""
+def _shard(
+    dl: DataLoader, n: int, rank: int, config: DataLoaderConfiguration, dispatch: bool
+) -> tuple[Any, Any, int, dict[str, Any]]:
+    """(shard, the dataset the prepared loader reads, the shuffle seed, torch DataLoader arguments).
+
+    A map-style loader's batch sampler is wrapped in a `BatchSamplerShard` (a dispatcher's: every
+    rank's batches), an iterable dataset in an `IterableDatasetShard` (a dispatcher's: all of it).
+    """
+    kwargs = loader_kwargs(dl)
+    if isinstance(dl.dataset, IterableDataset):
+        if dl.batch_size is None:
+            raise ValueError(
+                "prepare needs a batch_size for an IterableDataset DataLoader (got batch_size=None)"
+            )
+        stream = GlobalBatchDataset if dispatch else IterableDatasetShard
+        shard: Any = stream(
+            dl.dataset, dl.batch_size, dl.drop_last, n, rank, config.split_batches, config.even_batches
+        )
+        kwargs.update(batch_size=shard.loader_batch_size, drop_last=False)
+        return shard, shard, resolve_seed(config, dl, n, False), kwargs
     batch_sampler, as_sampler = _source_batch_sampler(dl)
-    shuffles = _is_random(getattr(batch_sampler, "sampler", None))
-    seed = resolve_seed(config, dl, num_processes, shuffles)
+    seed = resolve_seed(config, dl, n, _is_random(getattr(batch_sampler, "sampler", None)))
     batch_sampler = with_seedable_sampler(batch_sampler, seed)
-    shard = shard_type(batch_sampler, num_processes, process_index, config.split_batches, config.even_batches)
-    kwargs = loader_kwargs(dl)
+    sampler = DispatchBatchSampler if dispatch else BatchSamplerShard
+    shard = sampler(batch_sampler, n, rank, config.split_batches, config.even_batches)
     kwargs.update({"sampler": shard, "batch_size": None} if as_sampler else {"batch_sampler": shard})
-    return shard, seed, kwargs
+    return shard, dl.dataset, seed, kwargs
 
 
-def prepare_map_style(
-    dl: DataLoader,
-    num_processes: int,
-    process_index: int,
-    device: torch.device | None,
-    config: DataLoaderConfiguration,
-    gradient_state: Any,
-    put_on_device: bool = True,
-) -> DataLoaderShard:
-    shard, seed, kwargs = shard_batch_sampler(dl, num_processes, process_index, config, BatchSamplerShard)
-    return DataLoaderShard(
-        dl.dataset,
-        shard=shard,
-        progress=Progress(seed),
-        rank=process_index,
-        put_on_device=put_on_device,
-        total_batch_size=shard.spec.global_size if shard.batch_size else None,
-        **_common(dl, device, config, gradient_state),
-        **kwargs,
-    )
-
-
-def prepare_iterable(
-    dl: DataLoader,
-    num_processes: int,
-    process_index: int,
-    device: torch.device | None,
-    config: DataLoaderConfiguration,
-    gradient_state: Any,
-    put_on_device: bool = True,
-) -> DataLoaderShard:
-    if dl.batch_size is None:
-        raise ValueError("prepare needs a batch_size for an IterableDataset DataLoader (got batch_size=None)")
-    shard = IterableDatasetShard(
-        dl.dataset,
-        batch_size=dl.batch_size,
-        drop_last=dl.drop_last,
-        num_processes=num_processes,
-        process_index=process_index,
-        split_batches=config.split_batches,
-        even_batches=config.even_batches,
-    )
-    kwargs = loader_kwargs(dl)
-    kwargs.update(batch_size=shard.spec.per_rank, drop_last=False)
-    return DataLoaderShard(
-        shard,
-        shard=shard,
-        progress=Progress(resolve_seed(config, dl, num_processes, False)),
-        rank=process_index,
-        put_on_device=put_on_device,
-        total_batch_size=shard.spec.global_size,
-        **_common(dl, device, config, gradient_state),
-        **kwargs,
-    )
-
-
-def _check_args(dataloader: Any, num_processes: int, process_index: int, config: Any) -> None:
+def _check_args(dataloader: Any, num_processes: Any, process_index: Any, config: Any) -> None:
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader expects a torch DataLoader, got {type(dataloader).__name__}")
     if not isinstance(config, DataLoaderConfiguration):
@@ -201,24 +147,89 @@ def _check_args(dataloader: Any, num_processes: int, process_index: int, config:
         raise ValueError(f"process_index={process_index!r} must be an integer in [0, {num_processes})")
 
 
+def _data_parallel_coords(mesh: Any) -> tuple[int, int] | None:
+    """(size, rank) over the mesh's data-parallel dimensions, or None when it names none."""
+    names = [
+        n for n in (getattr(mesh, "mesh_dim_names", None) or ()) if n in ("dp_replicate", "dp_shard", "dp")
+    ]
+    if not names:
+        return None
+    size, rank = 1, 0
+    for name in names:
+        sub = mesh[name]
+        rank = rank * sub.size() + sub.get_local_rank()
+        size *= sub.size()
+    return size, rank
+
+
 def prepare_data_loader(
     dataloader: DataLoader,
-    *,
-    num_processes: int,
-    process_index: int,
-    device: torch.device | None,
-    config: DataLoaderConfiguration,
-    gradient_state: Any,
-    put_on_device: bool = True,
+    device: torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: list[Any] | None = None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
     slice_fn_for_dispatch: Callable[..., Any] | None = None,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+    *,
+    config: DataLoaderConfiguration | None = None,
+    gradient_state: Any = None,
 ) -> DataLoader:
-    """This process's prepared loader for `dataloader` (see docs/data.md for every mode)."""
+    """This process's prepared loader for `dataloader` (see docs/data.md for every mode).
+
+    Accelerate's signature: what is not given (process coordinates, device, gradient state) comes
+    from `PartialState()`, or the data-parallel coordinates of `torch_device_mesh`. With `config`
+    (the Accelerator's call) the options come from it and nothing is looked up. `rng_types` and
+    `use_seedable_sampler` are accepted for compatibility: shuffling is always a function of
+    (seed, epoch), so there is no RNG state to synchronise.
+    """
+    coords = _data_parallel_coords(torch_device_mesh) if torch_device_mesh is not None else None
+    if coords is not None:
+        num_processes, process_index = coords
+    if config is None:
+        state = PartialState()
+        num_processes = state.num_processes if num_processes is None else num_processes
+        process_index = state.process_index if process_index is None else process_index
+        device = state.device if device is None else device
+        gradient_state = GradientState() if gradient_state is None else gradient_state
+        config = DataLoaderConfiguration(
+            split_batches=split_batches,
+            dispatch_batches=dispatch_batches,
+            even_batches=even_batches,
+            use_seedable_sampler=use_seedable_sampler,
+            data_seed=data_seed,
+            non_blocking=non_blocking,
+            use_stateful_dataloader=use_stateful_dataloader,
+        )
     _check_args(dataloader, num_processes, process_index, config)
+    assert isinstance(num_processes, int) and isinstance(process_index, int)
     iterable = isinstance(dataloader.dataset, IterableDataset)
     dispatch = iterable if config.dispatch_batches is None else bool(config.dispatch_batches)
-    args = (dataloader, num_processes, process_index, device, config, gradient_state, put_on_device)
-    if dispatch:
-        from accelerando.data.dispatch import prepare_dispatcher
-
-        return prepare_dispatcher(*args, slice_fn=slice_fn_for_dispatch)
-    return prepare_iterable(*args) if iterable else prepare_map_style(*args)
+    if dispatch and num_processes > 1 and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "dispatch_batches=True with several processes needs torch.distributed initialized first"
+        )
+    shard, dataset, seed, kwargs = _shard(dataloader, num_processes, process_index, config, dispatch)
+    kwargs.update(device=device, shard=shard, progress=Progress(seed), rank=process_index)
+    kwargs.update(put_on_device=put_on_device, gradient_state=gradient_state)
+    kwargs.update(
+        non_blocking=bool(config.non_blocking), use_stateful_dataloader=bool(config.use_stateful_dataloader)
+    )
+    kwargs.update(
+        total_batch_size=shard.spec.global_size if getattr(shard, "batch_size", 1) else None,
+        total_dataset_length=len(dataloader.dataset) if hasattr(dataloader.dataset, "__len__") else None,  # type: ignore[arg-type]
+    )
+    if not dispatch:
+        return DataLoaderShard(dataset, **kwargs)
+    pin = bool(dataloader.pin_memory) and accelerator_device().type not in ("cpu", "xla")
+    channel = open_channel(num_processes, process_index, pin)  # collective, as every line above
+    return DataLoaderDispatcher(
+        dataset, channel=channel, slice_fn=slice_fn_for_dispatch, world_size=num_processes, **kwargs
+    )

@@ -130,9 +130,9 @@ class BatchSamplerShard(Sampler[list[int]]):
         _set_epoch(self.batch_sampler, epoch)
         _set_epoch(getattr(self.batch_sampler, "sampler", None), epoch)
 
-    def full_length(self) -> int:
-        """Batches of this process in a whole epoch, ignoring `skip`."""
-        spec = self.spec
+    def full_length(self, rank: int | None = None) -> int:
+        """Batches of this process (or of `rank`) in a whole epoch, ignoring `skip`."""
+        spec = self.spec if rank is None else self.spec.for_rank(rank)
         if self.plain:
             return sh.num_batches(len(self.batch_sampler.sampler), spec)
         if self.split_batches:
@@ -220,6 +220,16 @@ class IterableDatasetShard(IterableDataset):
     def __len__(self) -> int:
         spec = self.spec
         return max(sh.num_samples_of_rank(len(self.dataset), spec) - self.skip * spec.per_rank, 0)
+
+    @property
+    def loader_batch_size(self) -> int:
+        """The batch size of the DataLoader reading this dataset."""
+        return self.spec.per_rank
+
+    def full_length(self, rank: int | None = None) -> int:
+        """Batches of this process (or of `rank`) in a whole epoch, ignoring `skip`."""
+        spec = self.spec if rank is None else self.spec.for_rank(rank)
+        return -(-sh.num_samples_of_rank(len(self.dataset), spec) // spec.per_rank)
 
     def __iter__(self) -> Iterator[Any]:
         spec = self.spec

@@ -1,210 +1,242 @@
-"""A ring of shared-memory buffers from rank 0 to one receiver on its host, with a named pipe
-for the control messages and two shared counters: messages sent, and messages consumed.
+"""A ring of shared-memory buffers from rank 0 to one receiver on its host (Linux).
 
-Rank 0 runs at most `SLOTS` messages ahead; a slot (and the tensors a cross-memory message pointed
-at) is released only once read. Files are unlinked as soon as the receiver has them open, so a
-killed job leaves nothing in `/dev/shm`.
+Rank 0 copies a message into one of `SLOTS` anonymous shared buffers (`memfd`) and sends a small
+control record over a Unix socket; the receiver copies the message out and acknowledges it on the
+same socket, which frees the slot. A new or grown buffer travels as a file descriptor with the
+record that first uses it, so nothing is ever named in `/dev/shm` and a killed job leaves nothing.
+
+Every wait blocks in `select` on the socket, with a deadline, and checks the peer every
+`_CHECK_SECONDS`: a peer that exits closes its end (the wait wakes at once), and one whose socket
+outlives it in a forked child is caught by its process id. Linux only, as `/dev/shm` was.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import select
+import socket
 import struct
 import time
-import weakref
-from dataclasses import dataclass, field
-from typing import Any
+from collections import deque
+from typing import Any, NamedTuple
 
 import torch
 
 SLOTS = 4  # buffers rank 0 may fill ahead of a receiver
-SHM_DIR = "/dev/shm"
-CTRL = struct.Struct("<8q")  # kind, header, total, remainder, seq, slot, generation, pass
-_POLL_INTERVAL, _POLL_SECONDS = 20e-6, 5e-3  # a waiting receiver polls this long before it blocks
-_CONSUMED, _SENT = 0, 1  # the shared counters
+_CHECK_SECONDS = 0.5
+_ACK = b"\x01"
+_PARAM = os.sched_param(0)
 
 
-def _map(path: str, size: int) -> torch.Tensor:
-    return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+class Record(NamedTuple):
+    """The control record that announces every message from rank 0, on every route (the ring's
+    socket, gloo): one definition, packed and unpacked by the same `struct`."""
+
+    kind: int  # transport's BATCH, END or REMOTE
+    header: int  # bytes of the pickled structure at the start of the message
+    total: int  # bytes of the message
+    mark: int  # what follows the batch (transport's MORE, UNKNOWN, or the final remainder)
+    slot: int  # the ring slot holding the message; -1: none (an end, or a message over gloo)
+    pass_id: int  # the pass the message belongs to: a receiver drops those of passes left early
+
+    def pack(self) -> bytes:
+        return _RECORD.pack(*self)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Record:
+        return cls(*_RECORD.unpack(data))
 
 
-def _create(path: str, size: int) -> torch.Tensor:
-    with open(path, "wb") as f:
-        f.truncate(size)
-    return _map(path, size)
+_RECORD = struct.Struct("<6q")
+RECORD_SIZE = _RECORD.size
 
 
-def _unlink_all(paths: set[str]) -> None:
-    for path in list(paths):
+def _alive(pid: int) -> bool:
+    """False once process `pid` has exited (a zombie counts as gone); True when it cannot tell."""
+    if pid <= 0:  # the peer is in another pid namespace: rely on its socket closing
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+class _End:
+    """One end of the socket, with the peer it talks to and how long it may wait for it."""
+
+    def __init__(self, sock: socket.socket, peer: str, timeout: float) -> None:
+        sock.setblocking(False)
+        self.sock, self.peer, self.timeout = sock, peer, timeout
+        self.pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+
+    def closed(self) -> RuntimeError:
+        return RuntimeError(f"dispatch_batches: {self.peer} closed the data channel (it exited or failed)")
+
+    def wait(self, writing: bool = False) -> None:
+        """Block until the socket is readable (writable), the peer is gone, or the deadline passes.
+
+        The thread waits as `SCHED_BATCH`: the peer's send then wakes it without preempting the
+        peer (a woken normal thread preempts its waker; on a shared core that stalled rank 0's
+        loading at every message, 1-2 ms a send under load).
+        """
+        end = time.monotonic() + self.timeout
+        want = ([], [self.sock]) if writing else ([self.sock], [])
+        batch = os.sched_getscheduler(0) == os.SCHED_OTHER
+        if batch:
+            try:
+                os.sched_setscheduler(0, os.SCHED_BATCH, _PARAM)
+            except OSError:  # a sandbox that forbids it: wait as a normal thread
+                batch = False
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    paths.clear()
+            while not any(select.select(*want, [], _CHECK_SECONDS)[:2]):
+                if not _alive(self.pid):
+                    raise RuntimeError(f"dispatch_batches: {self.peer} (process {self.pid}) died")
+                if time.monotonic() > end:
+                    raise TimeoutError(
+                        f"dispatch_batches: {self.peer} did not answer for {self.timeout:.0f} s"
+                    )
+        finally:
+            if batch:
+                os.sched_setscheduler(0, os.SCHED_OTHER, _PARAM)
+
+    def io(self, call: Any, *args: Any, writing: bool = False, wait: bool = True) -> Any:
+        """`call(*args)` on the socket, waiting while it would block (None at once when not `wait`);
+        a peer that closed its end raises naming it."""
+        while True:
+            try:
+                out = call(*args)
+            except BlockingIOError:
+                if not wait:
+                    return None
+                self.wait(writing)
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                raise self.closed() from None
+            if out == b"" or (isinstance(out, tuple) and out[0] == b""):
+                raise self.closed()
+            return out
 
 
-@dataclass
-class _Ring:
-    """What a receiver may still read: `held[slot]` stays alive until `ack` (messages the receiver
-    has consumed) reaches `seq` (messages sent)."""
+def _shared_buffer(size: int) -> tuple[int, torch.Tensor]:
+    fd = os.memfd_create("accelerando-dispatch", os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    return fd, torch.frombuffer(mmap.mmap(fd, size), dtype=torch.uint8)
 
-    ack: Any  # a numpy view of the shared counters (reads in 0.1 us, a tensor's in 1 us)
-    seq: int = 0
-    freed: int = 0
-    held: list[list[torch.Tensor]] = field(default_factory=lambda: [[] for _ in range(SLOTS)])
 
-    def unread(self) -> bool:
-        return int(self.ack[_CONSUMED]) < self.seq
+def _map(fd: int) -> torch.Tensor:
+    try:
+        return torch.frombuffer(mmap.mmap(fd, os.fstat(fd).st_size), dtype=torch.uint8)
+    finally:
+        os.close(fd)
+
+
+class RingWriter(_End):
+    """Rank 0's end towards one receiver: at most `SLOTS` messages unread, each slot reused once read."""
+
+    def __init__(self, sock: socket.socket, peer: str, timeout: float) -> None:
+        super().__init__(sock, peer, timeout)
+        self.buffers: list[torch.Tensor | None] = [None] * SLOTS
+        self.new_fd: list[int | None] = [None] * SLOTS  # buffer not yet sent to the receiver
+        self.held: list[Any] = [None] * SLOTS  # what a message points at, kept until it is read
+        self.unread: deque[int] = deque()  # slots of the messages sent and not yet acknowledged
+        self.sent = 0
 
     def reclaim(self) -> None:
-        """Drop what the receiver has read, early: the loader's next batch may reuse that warm memory."""
-        read = int(self.ack[_CONSUMED])
-        while self.freed < read:
-            self.held[self.freed % SLOTS] = []
-            self.freed += 1
+        """Take the receiver's acknowledgements without waiting; free what it has read."""
+        while self.unread and self.io(self.sock.recv, 64, wait=False):
+            self.held[self.unread.popleft()] = None
 
-
-_ORPHANS: list[_Ring] = []  # rings of dropped channels whose receiver may still be reading them
-
-
-def _prune_orphans() -> None:
-    _ORPHANS[:] = [ring for ring in _ORPHANS if ring.unread()]
-
-
-def _close(fd: int, paths: set[str], ring: _Ring) -> None:
-    os.close(fd)
-    _unlink_all(paths)
-    if ring.unread() and any(ring.held):
-        _ORPHANS.append(ring)  # a receiver may still copy these out of our memory
-
-
-class ShmWriter:
-    """Rank 0's ring of shared-memory buffers towards one receiver, plus a named pipe for control.
-
-    The receiver writes how many messages it has consumed into a shared counter; a slot is reused
-    only after its previous message was read (rank 0 runs at most `SLOTS` messages ahead), and
-    only then are the tensors a cross-memory message pointed at released, even if the channel is
-    dropped meanwhile.
-    """
-
-    def __init__(self, base: str) -> None:
-        _prune_orphans()
-        self.base = base
-        self.paths: set[str] = set()
-        ack = _create(f"{base}-ack", 16).view(torch.int64).numpy()
-        self.paths.add(f"{base}-ack")
-        ack[:] = 0
-        self.ring = _Ring(ack)
-        os.mkfifo(f"{base}-ctl")  # control messages, in order, one atomic write each
-        self.paths.add(f"{base}-ctl")
-        self.fd = os.open(f"{base}-ctl", os.O_RDWR)
-        self.views: list[torch.Tensor | None] = [None] * SLOTS
-        self.arrays: list[Any] = [None] * SLOTS  # the same buffers as numpy arrays (cheap writes)
-        self.gens = [0] * SLOTS
-        self.fresh: dict[str, int] = {}  # slot file -> first message using it; unlinked once read
-        self._finalizer = weakref.finalize(self, _close, self.fd, self.paths, self.ring)
-
-    def forget(self, path: str) -> None:
-        """Unlink a file the receiver has opened: the mappings live on, and a killed job leaves
-        nothing in /dev/shm."""
-        if path in self.paths:
-            os.unlink(path)
-            self.paths.discard(path)
-
-    def control(self, values: list[int]) -> None:
-        os.write(self.fd, CTRL.pack(*values))  # 64 bytes < PIPE_BUF: one atomic write
-        self.ring.ack[_SENT] += 1  # after the write: a receiver that sees the count finds the message
+    def _wait_until(self, unread: int) -> None:
+        """Take acknowledgements only when more than `unread` messages are out (a look costs a
+        system call), waiting for them if need be."""
+        if len(self.unread) > unread:
+            self.reclaim()
+        while len(self.unread) > unread:
+            self.wait()
+            self.reclaim()
 
     def wait_read(self) -> None:
-        """Block until the receiver has consumed every message sent so far."""
-        while self.ring.unread():
-            time.sleep(_POLL_INTERVAL)
-        self._forget_read()
+        """Block until the receiver has read every message sent."""
+        self._wait_until(0)
 
-    def _forget_read(self) -> None:
-        """Unlink the slot files the receiver has read a message in (it has them mapped), so that
-        a job killed later (between passes, or by torchrun after another rank failed) leaves none."""
-        for path, first in list(self.fresh.items()) if self.fresh else ():
-            if first < int(self.ring.ack[_CONSUMED]):
-                self.forget(path)
-                del self.fresh[path]
+    def reserve(self, size: int) -> tuple[int, torch.Tensor]:
+        """(slot, buffer of `size` bytes) for the next message, once the receiver freed that slot."""
+        self._wait_until(SLOTS - 1)
+        slot = self.sent % SLOTS
+        buf = self.buffers[slot]
+        if buf is None or buf.numel() < size:
+            self.new_fd[slot], buf = _shared_buffer(max(size + size // 4, 1 << 16))
+            self.buffers[slot] = buf
+        return slot, buf[:size]
 
-    def slot(self, size: int) -> tuple[int, int, int, torch.Tensor]:
-        """(seq, slot, generation, buffer) for the next message, once the receiver freed that slot."""
-        ring = self.ring
-        seq, slot = ring.seq, ring.seq % SLOTS
-        while int(ring.ack[_CONSUMED]) < seq - SLOTS + 1:
-            time.sleep(_POLL_INTERVAL)
-        ring.reclaim()
-        self._forget_read()
-        view = self.views[slot]
-        if view is None or self.arrays[slot].size < size:
-            self.forget(f"{self.base}-{slot}-{self.gens[slot]}")
-            self.gens[slot] += 1
-            path = f"{self.base}-{slot}-{self.gens[slot]}"
-            view = _create(path, max(size + size // 4, 1 << 16))
-            self.paths.add(path)
-            self.fresh[path] = seq
-            self.views[slot] = view
-            self.arrays[slot] = view.numpy()
-        ring.seq += 1
-        return seq, slot, self.gens[slot], view
+    def post(self, record: Record, keep: Any = None) -> None:
+        """Send a control record (with its slot's new buffer, if any); `keep` lives until it is read."""
+        slot = record.slot
+        fd = self.new_fd[slot] if slot >= 0 else None
+        self.io(socket.send_fds, self.sock, [record.pack()], [] if fd is None else [fd], writing=True)
+        if fd is not None:
+            os.close(fd)
+            self.new_fd[slot] = None
+        if slot >= 0:
+            self.sent += 1
+            self.held[slot] = keep
+            self.unread.append(slot)
 
 
-class ShmReader:
-    def __init__(self, base: str, spin: bool = False) -> None:
-        """Open rank 0's pipe and counters (they exist: the channel's creators met at a barrier).
+class RingReader(_End):
+    """A receiver's end: control records in order, and the buffers they name."""
 
-        `spin`: wait for a message by reading the shared counter in a loop rather than sleeping
-        between checks; only right when this process has a core of its own.
-        """
-        self.base = base
-        self.ack = _map(f"{base}-ack", 16).view(torch.int64).numpy()
-        self.fd = os.open(f"{base}-ctl", os.O_RDONLY | os.O_NONBLOCK)
-        weakref.finalize(self, os.close, self.fd)
-        self.maps: dict[int, tuple[int, torch.Tensor]] = {}
-        self.spin = spin
-        self.taken = 0  # control messages read so far
+    def __init__(self, sock: socket.socket, timeout: float) -> None:
+        super().__init__(sock, "rank 0", timeout)
+        self.buffers: list[torch.Tensor | None] = [None] * SLOTS
 
-    def control(self) -> tuple[int, ...]:
-        """The next control message. Poll the shared count of messages sent, then block in
-        `select`: a reader blocked in the kernel is woken by rank 0's `write`, and the scheduler
-        then often runs it on rank 0's core, stalling the loader. A sleeping poll costs rank 0 too
-        (each wake-up is a timer interrupt and a context switch): with a core to itself the
-        receiver spins instead."""
-        deadline = time.monotonic() + _POLL_SECONDS
-        while int(self.ack[_SENT]) <= self.taken:
-            if time.monotonic() >= deadline:
-                select.select([self.fd], [], [])
-                break
-            if not self.spin:
-                time.sleep(_POLL_INTERVAL)
-        data = _read_message(self.fd)
-        self.taken += 1
-        return CTRL.unpack(data)
+    def recv(self) -> Record:
+        """The next control record; maps the buffer that comes with it."""
+        data, fds, _, _ = self.io(socket.recv_fds, self.sock, RECORD_SIZE, 1)
+        record = Record.unpack(data)
+        if fds:
+            self.buffers[record.slot] = _map(fds[0])
+        return record
 
-    def release(self, seq: int) -> None:
-        """Give the slot of message `seq` (and what it pointed at) back to rank 0."""
-        self.ack[_CONSUMED] = seq + 1
+    def view(self, slot: int, size: int) -> torch.Tensor:
+        return self.buffers[slot][:size]  # type: ignore[index]
 
-    def view(self, slot: int, gen: int, total: int) -> torch.Tensor:
-        cached = self.maps.get(slot)
-        if cached is None or cached[0] != gen:
-            path = f"{self.base}-{slot}-{gen}"
-            cached = (gen, _map(path, os.path.getsize(path)))
-            self.maps[slot] = cached
-        return cached[1][:total]
+    def release(self) -> None:
+        """Give the slot of the message read last back to rank 0."""
+        self.io(self.sock.send, _ACK, writing=True)
 
 
-def _read_message(fd: int) -> bytes:
-    """One whole control message from the pipe (each was written by one atomic write)."""
-    while True:
-        try:
-            data = os.read(fd, CTRL.size)
-        except BlockingIOError:  # not expected: rank 0 raises the count only after its write
-            select.select([fd], [], [])
-            continue
-        if not data:
-            raise RuntimeError("dispatch_batches: rank 0 closed the data channel")
-        return data
+def listen(backlog: int) -> tuple[socket.socket, str]:
+    """Rank 0's listening socket, in the abstract namespace (no file), and its name."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    name = f"\0accelerando-{os.urandom(8).hex()}"
+    sock.bind(name)
+    sock.listen(backlog)
+    return sock, name
+
+
+def connect(name: str, rank: int, timeout: float) -> RingReader | None:
+    """A receiver's end of rank 0's ring, or None when rank 0's socket is out of reach."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(name)
+        sock.send(struct.pack("<q", rank))
+    except OSError:
+        sock.close()
+        return None
+    return RingReader(sock, timeout)
+
+
+def accept(listener: socket.socket, ranks: list[int], timeout: float) -> dict[int, RingWriter]:
+    """Rank 0: a writer for each of `ranks` (each has connected and said its rank)."""
+    listener.settimeout(timeout)
+    writers = {}
+    for _ in ranks:
+        sock, _ = listener.accept()
+        sock.settimeout(timeout)
+        rank = struct.unpack("<q", sock.recv(8))[0]
+        writers[rank] = RingWriter(sock, f"rank {rank}", timeout)
+    listener.close()
+    return writers

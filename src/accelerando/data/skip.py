@@ -15,6 +15,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
 from accelerando.data import sharding as sh
 from accelerando.data.loaders import PreparedLoaderMixin
+from accelerando.data.prepare import loader_kwargs
 from accelerando.data.samplers import is_plain_batch_sampler
 
 
@@ -67,8 +68,6 @@ class SkipDataLoader(DataLoader):
 
 
 def _plain_kwargs(dl: DataLoader) -> dict[str, Any]:
-    from accelerando.data.prepare import loader_kwargs
-
     kw = loader_kwargs(dl)
     kw.pop("snapshot_every_n_steps", None)
     kw["generator"] = dl.generator

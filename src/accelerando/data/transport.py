@@ -1,37 +1,37 @@
 """Moving one rank's batch from rank 0 to rank r for `dispatch_batches=True`.
 
-Rank 0 loads every rank's data, so it must not also copy it:
-
-- ranks on rank 0's host that may read its memory (`cross_memory`) get the structure and the
-  tensors' addresses through a shared-memory ring (`shm_ring`) and copy the bytes out of rank 0
-  themselves; rank 0 keeps those tensors alive until the receiver says it is done;
-- other ranks on its host get the bytes copied into that ring (one copy each side);
-- ranks on other hosts get both over gloo: the default group when it is gloo, else one gloo
+- Ranks on rank 0's host get the bytes copied into a shared-memory ring (`shm_ring`): one copy
+  each side. With `ACCELERANDO_DISPATCH_CROSS_MEMORY=1` (opt-in: rank 0 then lets any process of
+  its user read its memory) they get the tensors' addresses instead and copy the bytes straight
+  out of rank 0 (`cross_memory`); rank 0 keeps those tensors until the receiver has read them.
+- Ranks on other hosts get both over gloo: the default group when it is gloo, else one gloo
   group that every channel of the process shares, each channel with its own message tag.
 
-Every message is announced by an 8-int control message that carries the number of the pass it
-belongs to, so a pass that was left early (a `break` on every rank) leaves nothing behind for the
-next one.
+Every message is announced by a `Record` carrying the number of the pass it belongs to, so a pass
+that was left early (a `break` on every rank) leaves nothing behind for the next one. Every wait
+ends: the ring's when the peer exits or after the group's timeout, gloo's likewise; either raises
+naming the rank.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import uuid
+import sys
 from collections import deque
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from accelerando.config import env
-from accelerando.data import cross_memory
-from accelerando.data.batch_codec import RemoteCodec, decode, pack
-from accelerando.data.shm_ring import CTRL, SHM_DIR, SLOTS, ShmReader, ShmWriter
+from accelerando.data import cross_memory, shm_ring
+from accelerando.data.batch_codec import Codec, Packed
+from accelerando.data.shm_ring import RECORD_SIZE, SLOTS, Record, RingReader, RingWriter
 
-_BATCH, _END, _REMOTE = 0, 1, 2  # bytes in the ring / end of pass / bytes read from rank 0
+BATCH, END, REMOTE = 0, 1, 2  # bytes / end of pass / addresses to read from rank 0's memory
 _TAG_BASE = 1 << 20  # gloo message tags of channel n are _TAG_BASE + n, clear of a user's own tags
 # What a batch message says of the batches after it (>= 0: it is the rank's last; the final remainder)
 UNKNOWN, MORE = -1, -2
@@ -44,81 +44,31 @@ class EndMsg:
     remainder: int
 
 
-@dataclass(frozen=True)
-class Plan:
-    """Who reaches rank 0 how: `token` names the shared-memory files, `local` ranks share its host,
-    `cross` (a subset) may read its memory, whose process id is `pid`."""
-
-    token: str | None = None
-    local: frozenset[int] = frozenset()
-    cross: frozenset[int] = frozenset()
-    pid: int = -1
-
-
-def shared_memory_plan(group: Any) -> Plan:
-    """Find the ranks on rank 0's host and those that can read rank 0's memory; collective over `group`."""
-    rank = dist.get_rank(group)
-    where = (socket.gethostname(), os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK))
-    everyone: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, where, group=group)
-    host, ok = everyone[0]
-    local = frozenset(r for r, (h, can) in enumerate(everyone) if r and ok and can and h == host)
-    probe = torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
-    allowed = bool(local) and env.flag("DISPATCH_CROSS_MEMORY", default=True)
-    if rank == 0 and allowed:
-        cross_memory.allow_readers()
-    offer: list[Any] = [
-        uuid.uuid4().hex[:16],
-        os.getpid(),
-        probe.data_ptr(),
-        probe.numpy().tobytes(),
-        allowed,
-    ]
-    dist.broadcast_object_list(offer, src=0, group=group)
-    token, pid, address, expected, allowed = offer
-    can_read = allowed and rank in local and cross_memory.probe(pid, address, expected)
-    dist.all_gather_object(everyone, can_read, group=group)
-    cross = frozenset(r for r, yes in enumerate(everyone) if yes)
-    return Plan(token, local, cross, pid)
+def group_timeout(group: Any) -> float:
+    """Seconds a collective of `group` may wait (`init_process_group(timeout=...)`): the ring waits as long."""
+    try:
+        return float(group._get_backend(torch.device("cpu")).options._timeout.total_seconds())
+    except (AttributeError, RuntimeError):
+        return timedelta(minutes=30).total_seconds()  # torch's default
 
 
 class Channel:
-    """Rank 0 -> rank r messages: an 8-int control message, then the batch (see the module doc).
+    """Rank 0 -> rank r messages: a `Record`, then the batch (see the module doc).
 
     Both ends call `begin_pass` when a pass starts; rank 0 calls `end_pass` when it finishes one.
     """
 
-    def __init__(self, group: Any, rank: int, plan: Plan, pin: bool, tag: int = _TAG_BASE) -> None:
-        self.group, self.rank, self.pin, self.pid, self.tag = group, rank, pin, plan.pid, tag
-        self.cross = plan.cross
-        base = f"{SHM_DIR}/accelerando-{plan.token}"
-        token = plan.token
-        self.base = base if token else ""
-        self.writers = {r: ShmWriter(f"{base}-{r}") for r in plan.local} if rank == 0 and token else {}
-        self.reader: ShmReader | None = None
-        self.local = plan.local
+    def __init__(self, group: Any, rank: int, pin: bool, tag: int = _TAG_BASE) -> None:
+        self.group, self.rank, self.pin, self.tag = group, rank, pin, tag
+        self.writers: dict[int, RingWriter] = {}  # rank 0: one per receiver on its host
+        self.reader: RingReader | None = None  # a receiver on rank 0's host
+        self.cross: frozenset[int] = frozenset()  # receivers that read rank 0's memory themselves
         self.pending: deque[list[Any]] = deque()
         self.pass_id = 0
-        self.codec = RemoteCodec()
-
-    def _connect(self) -> None:
-        """Receivers open rank 0's files (they exist: every rank has created its channel)."""
-        if self.rank in self.local and self.base:
-            self.reader = ShmReader(f"{self.base}-{self.rank}", spin=_cores_for_everyone(len(self.local) + 1))
-
-    def _connected(self) -> None:
-        """Rank 0, once every receiver has connected: unlink the pipes and counters."""
-        for writer in self.writers.values():
-            writer.forget(f"{writer.base}-ack")
-            writer.forget(f"{writer.base}-ctl")
+        self.codec = Codec()
 
     def begin_pass(self) -> None:
         self.pass_id += 1
-
-    def reclaim(self) -> None:
-        """Rank 0, between batches: release the batches receivers have finished reading."""
-        for writer in self.writers.values():
-            writer.ring.reclaim()
 
     def end_pass(self) -> None:
         """Wait until every receiver has taken the pass's messages (a process may exit right after,
@@ -133,50 +83,49 @@ class Channel:
     def send_round(self, messages: dict[int, Any], marks: dict[int, int] | None = None) -> None:
         """Send one message per destination rank: a batch, or an `EndMsg`. `marks[dst]` says what
         follows a batch: `UNKNOWN`, `MORE` batches, or nothing (the final remainder, >= 0)."""
-        keep: list[Any] = []
+        self.pending.append([])
         for dst, payload in messages.items():
-            writer = self.writers.get(dst)
-            mark = UNKNOWN if marks is None else marks.get(dst, UNKNOWN)
             if isinstance(payload, EndMsg):
-                end = [_END, 0, 0, payload.remainder, -1, 0, 0, self.pass_id]
-                if writer is not None:
-                    writer.control(end)
-                else:
-                    ctrl = torch.tensor(end, dtype=torch.int64)
-                    keep += [dist.isend(ctrl, dst, group=self.group, tag=self.tag), ctrl]
+                self._send(dst, Record(END, 0, 0, payload.remainder, -1, self.pass_id))
                 continue
-            if writer is not None and dst in self.cross:
-                header, where, tensors = self.codec.pack(payload)
-                total = len(header) + len(where)
-                seq, slot, gen, view = writer.slot(total)
-                writer.arrays[slot][:total] = memoryview(header + where)
-                writer.ring.held[slot] = tensors
-                writer.control([_REMOTE, len(header), total, mark, seq, slot, gen, self.pass_id])
-                continue
-            packed = pack(payload)
-            if writer is not None:
-                seq, slot, gen, view = writer.slot(packed.total)
-                packed.write(view)
-                writer.control([_BATCH, len(packed.header), packed.total, mark, seq, slot, gen, self.pass_id])
-                continue
-            buf = torch.empty(packed.total, dtype=torch.uint8)
-            packed.write(buf)
-            info = [_BATCH, len(packed.header), packed.total, mark, -1, 0, 0, self.pass_id]
-            ctrl = torch.tensor(info, dtype=torch.int64)
-            keep += [
-                dist.isend(ctrl, dst, group=self.group, tag=self.tag),
-                ctrl,
-                dist.isend(buf, dst, group=self.group, tag=self.tag),
-                buf,
-            ]
-        if keep:
-            self.pending.append(keep)
+            cross = dst in self.cross
+            packed = self.codec.pack_addresses(payload) if cross else self.codec.pack(payload)
+            mark = UNKNOWN if marks is None else marks.get(dst, UNKNOWN)
+            record = Record(
+                REMOTE if cross else BATCH, len(packed.header), packed.total, mark, -1, self.pass_id
+            )
+            self._send(dst, record, packed)
+        if not self.pending[-1]:
+            self.pending.pop()
         while len(self.pending) > SLOTS:
             _wait(self.pending.popleft())
+
+    def _send(self, dst: int, record: Record, packed: Packed | None = None) -> None:
+        writer = self.writers.get(dst)
+        if writer is not None:
+            if packed is not None:
+                slot, buf = writer.reserve(packed.total)
+                packed.write(buf)
+                record = record._replace(slot=slot)
+            writer.post(record, keep=packed.tensors if packed is not None and packed.where else None)
+            return
+        sends = [torch.frombuffer(bytearray(record.pack()), dtype=torch.uint8)]
+        if packed is not None:
+            sends.append(torch.empty(packed.total, dtype=torch.uint8))
+            packed.write(sends[1])
+        self.pending[-1] += [(dst, dist.isend(b, dst, group=self.group, tag=self.tag), b) for b in sends]
 
     def flush(self) -> None:
         while self.pending:
             _wait(self.pending.popleft())
+
+    def _gloo_recv(self, size: int, pin: bool = False) -> torch.Tensor:
+        buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+        try:
+            dist.recv(buf, 0, group=self.group, tag=self.tag)
+        except RuntimeError as err:
+            raise RuntimeError(f"dispatch_batches: receiving from rank 0 failed: {err}") from err
+        return buf
 
     def recv(self) -> tuple[bool, Any, int]:
         """(True, batch, its mark) or (False, None, remainder) when this rank's pass is over.
@@ -185,46 +134,41 @@ class Channel:
         """
         while True:
             if self.reader is not None:
-                kind, hlen, total, rem, seq, slot, gen, pass_id = self.reader.control()
+                record = self.reader.recv()
             else:
-                ctrl = torch.empty(CTRL.size // 8, dtype=torch.int64)
-                dist.recv(ctrl, 0, group=self.group, tag=self.tag)
-                kind, hlen, total, rem, seq, slot, gen, pass_id = (int(x) for x in ctrl.tolist())
-            stale = pass_id < self.pass_id
-            if kind == _END:
-                if stale:
-                    continue
-                return False, None, rem
-            if self.reader is None:
-                buf = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin and not stale)
-                dist.recv(buf, 0, group=self.group, tag=self.tag)
-                if stale:
-                    continue
-                return True, decode(buf, hlen), rem
-            if stale:
-                self.reader.view(slot, gen, 0)  # map a new slot file now: rank 0 unlinks it once read
-                self.reader.release(seq)
-                continue
-            view = self.reader.view(slot, gen, total)
-            if kind == _REMOTE:
-                raw = view.numpy()
-                batch = self.codec.unpack(raw[:hlen].tobytes(), raw[hlen:total].tobytes(), self.pid, self.pin)
+                record = Record.unpack(self._gloo_recv(RECORD_SIZE).numpy().tobytes())
+            current = record.pass_id >= self.pass_id
+            if record.kind == END:
+                if current:
+                    return False, None, record.mark
+            elif current:
+                return True, self._payload(record), record.mark
+            elif self.reader is not None:
+                self.reader.release()
             else:
-                batch = decode(view.clone(), hlen)
-            self.reader.release(seq)
-            return True, batch, rem
+                self._gloo_recv(record.total)
+
+    def _payload(self, record: Record) -> Any:
+        if self.reader is None:
+            return self.codec.decode(self._gloo_recv(record.total, self.pin), record.header)
+        view = self.reader.view(record.slot, record.total)
+        if record.kind == REMOTE:
+            raw = view.numpy()
+            head, where = raw[: record.header].tobytes(), raw[record.header :].tobytes()
+            batch = self.codec.read(head, where, self.reader.pid, self.pin)
+        else:
+            buf = torch.empty(record.total, dtype=torch.uint8, pin_memory=self.pin)
+            batch = self.codec.decode(buf.copy_(view), record.header)
+        self.reader.release()
+        return batch
 
 
-def _cores_for_everyone(local_ranks: int) -> bool:
-    """True when this host has a core for every rank of the job on it (so a receiver may spin)."""
-    on_host = int(os.environ.get("LOCAL_WORLD_SIZE", local_ranks))
-    return max(on_host, local_ranks) <= len(os.sched_getaffinity(0))
-
-
-def _wait(items: list[Any]) -> None:
-    for item in items:
-        if not isinstance(item, torch.Tensor):
-            item.wait()
+def _wait(items: list[tuple[int, Any, torch.Tensor]]) -> None:
+    for dst, work, _ in items:
+        try:
+            work.wait()
+        except RuntimeError as err:
+            raise RuntimeError(f"dispatch_batches: sending to rank {dst} failed: {err}") from err
 
 
 _shared: dict[str, Any] = {"world": None, "group": None, "channels": 0}
@@ -245,16 +189,40 @@ def transfer_group() -> Any:
     return _shared["group"]
 
 
+def local_route(group: Any, channel: Channel) -> None:
+    """Connect rank 0 with every rank of its host through a ring, and find which of those may read
+    its memory (opt-in); collective over `group`. Ranks left out are reached over gloo."""
+    rank, timeout = channel.rank, group_timeout(group)
+    ring = rank == 0 and sys.platform.startswith("linux")
+    listener, name = shm_ring.listen(dist.get_world_size(group)) if ring else (None, "")
+    probe = torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
+    cross = rank == 0 and env.dispatch_cross_memory()
+    if cross:
+        cross_memory.allow_readers()
+    offer: list[Any] = [
+        socket.gethostname(),
+        name,
+        (probe.data_ptr(), probe.numpy().tobytes()) if cross else None,
+    ]
+    dist.broadcast_object_list(offer, src=0, group=group)
+    host, name, probe_at = offer
+    if rank and name and host == socket.gethostname():
+        channel.reader = shm_ring.connect(name, rank, timeout)
+    reader = channel.reader
+    reads = reader is not None and probe_at is not None and cross_memory.probe(reader.pid, *probe_at)
+    routes: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(routes, (reader is not None, reads), group=group)
+    channel.cross = frozenset(r for r, (_, can) in enumerate(routes) if can)
+    if listener is not None:
+        channel.writers = shm_ring.accept(listener, [r for r, (ok, _) in enumerate(routes) if ok], timeout)
+
+
 def open_channel(num_processes: int, rank: int, pin: bool) -> Channel:
     """Every rank's end of a new channel; collective (every rank opens its channels in the same order)."""
     if num_processes == 1:
-        return Channel(None, rank, Plan(), pin)
+        return Channel(None, rank, pin)
     group = transfer_group()
     _shared["channels"] += 1
-    tag = _TAG_BASE + _shared["channels"]
-    channel = Channel(group, rank, shared_memory_plan(group), pin, tag)
-    dist.barrier(group=group)  # rank 0's pipes and buffers exist before anyone opens them
-    channel._connect()
-    dist.barrier(group=group)  # every receiver has them open: rank 0 may unlink them
-    channel._connected()
+    channel = Channel(group, rank, pin, _TAG_BASE + _shared["channels"])
+    local_route(group, channel)
     return channel

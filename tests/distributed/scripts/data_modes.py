@@ -367,33 +367,40 @@ def check_two_dispatchers_in_lockstep() -> None:
 
 
 def check_every_transport_route() -> None:
-    """The same dispatch checks when rank 1 reads rank 0's memory (the default here), copies out of
-    the shared-memory ring, or receives over gloo (what a rank on another host does)."""
+    """The same dispatch checks when rank 1 reads rank 0's memory (opt-in), or receives over gloo
+    (what a rank on another host does), as with the shared-memory ring (the default here)."""
+    import contextlib
+
     import accelerando.data.transport as transport_module
-    from accelerando.data.transport import Plan
     from accelerando.utils import patch_environment
 
-    real = transport_module.shared_memory_plan
-    assert real(dist.new_group(backend="gloo")).cross == {1}, "cross-memory reads work on this machine"
-    with patch_environment(ACCELERANDO_DISPATCH_CROSS_MEMORY="0"):  # the opt-out
-        assert real(dist.new_group(backend="gloo")).cross == frozenset()
+    def cross(**env: str) -> frozenset[int]:
+        with patch_environment(**env):
+            return prep(DataLoader(Indexed(4), batch_size=2), dispatch_batches=True)._channel.cross
+
+    assert cross(ACCELERANDO_DISPATCH_CROSS_MEMORY="1") == {1}, "cross-memory reads work on this machine"
+    assert cross(ACCELERANDO_DISPATCH_CROSS_MEMORY="0") == frozenset()
+    assert cross() == frozenset(), "cross-memory reads are opt-in"
+    real = transport_module.local_route
     routes = {
-        "ring": lambda p: Plan(p.token, p.local, frozenset(), p.pid),
-        "gloo": lambda p: Plan(p.token, frozenset(), frozenset(), p.pid),
+        "cross-memory": lambda: patch_environment(ACCELERANDO_DISPATCH_CROSS_MEMORY="1"),
+        "gloo": contextlib.nullcontext,
     }
     try:
-        for name, route in routes.items():
-            transport_module.shared_memory_plan = lambda group, route=route: route(real(group))
-            check_nested_dispatch()
-            check_dispatch_batches_equal_local_ones()
-            check_dispatch_collates_like_accelerate()
-            check_dispatch_reads_no_batch_ahead()
-            check_dispatch_pass_left_early()
-            check_two_dispatchers_in_lockstep()
-            disp = prep(DataLoader(Stream(22), batch_size=4), split_batches=True)
-            assert everyone(drain(disp)) == reference(list(range(22)), 4, True, True, False), name
+        for name, context in routes.items():
+            if name == "gloo":
+                transport_module.local_route = lambda group, channel: None
+            with context():
+                check_nested_dispatch()
+                check_dispatch_batches_equal_local_ones()
+                check_dispatch_collates_like_accelerate()
+                check_dispatch_reads_no_batch_ahead()
+                check_dispatch_pass_left_early()
+                check_two_dispatchers_in_lockstep()
+                disp = prep(DataLoader(Stream(22), batch_size=4), split_batches=True)
+                assert everyone(drain(disp)) == reference(list(range(22)), 4, True, True, False), name
     finally:
-        transport_module.shared_memory_plan = real
+        transport_module.local_route = real
 
 
 def check_rng_untouched_and_skip() -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from accelerando.config.options import DataLoaderConfiguration as Config
-from accelerando.data.batch_codec import decode, encode
+from accelerando.data.batch_codec import Codec
 from accelerando.data.dispatch import batch_length, slice_batch
 from accelerando.data.prepare import prepare_data_loader
 
@@ -25,8 +26,10 @@ def test_encode_decode_roundtrip_keeps_structure_dtypes_and_values() -> None:
         "names": ["a", "b", "c"],
         "pair": Pair(torch.arange(3), 1.5),
     }
-    buf, header = encode(batch)
-    out = decode(buf, header)
+    packed = Codec().pack(batch)
+    buf = torch.empty(packed.total, dtype=torch.uint8)
+    packed.write(buf)
+    out = Codec().decode(buf, len(packed.header))
     assert out.keys() == batch.keys() and out["names"] == ["a", "b", "c"]
     assert isinstance(out["pair"], Pair) and out["pair"].b == 1.5
     for key in ("x", "mask", "half", "scalar", "empty"):
@@ -59,8 +62,6 @@ def test_remote_codec_roundtrip_through_this_process_memory() -> None:
     """What a cross-memory receiver rebuilds, read back from our own address space."""
     import os
 
-    from accelerando.data.batch_codec import RemoteCodec
-
     batch = {
         "x": torch.randn(3, 4)[:, ::2],  # not contiguous: sent from a contiguous copy kept alive
         "half": torch.ones(3, dtype=torch.bfloat16),
@@ -69,23 +70,31 @@ def test_remote_codec_roundtrip_through_this_process_memory() -> None:
         "names": ["a", "b", "c"],
         "pair": Pair(torch.arange(3), 1.5),
     }
-    sender, receiver = RemoteCodec(), RemoteCodec()
+    sender, receiver = Codec(), Codec()
     for step in range(2):  # twice: what either side caches must not go stale
         batch["scalar"] = torch.tensor(step)
-        header, where, keep = sender.pack(batch)
-        out = receiver.unpack(header, where, os.getpid(), pin=False)
+        packed = sender.pack_addresses(batch)
+        out = receiver.read(packed.header, packed.where, os.getpid(), pin=False)
         assert out.keys() == batch.keys() and out["names"] == ["a", "b", "c"]
         assert isinstance(out["pair"], Pair) and out["pair"].b == 1.5
         for key in ("x", "half", "scalar", "empty"):
             assert out[key].dtype == batch[key].dtype and torch.equal(out[key], batch[key])
-        assert torch.equal(out["pair"].a, torch.arange(3)) and len(keep) == 5
+        assert torch.equal(out["pair"].a, torch.arange(3)) and len(packed.tensors) == 5
 
 
 def test_remote_codec_reuses_a_description_only_for_the_same_structure() -> None:
-    from accelerando.data.batch_codec import RemoteCodec
+    codec = Codec()
+    first = codec.pack_addresses((torch.zeros(2), torch.ones(3))).header
+    assert codec.pack_addresses((torch.zeros(2), torch.ones(3))).header is first
+    assert codec.pack_addresses((torch.zeros(3), torch.ones(3))).header != first  # shapes changed
+    assert codec.pack_addresses([torch.zeros(3), torch.ones(3)]).header != first  # container changed
 
-    codec = RemoteCodec()
-    first, _, _ = codec.pack((torch.zeros(2), torch.ones(3)))
-    assert codec.pack((torch.zeros(2), torch.ones(3)))[0] is first
-    assert codec.pack((torch.zeros(3), torch.ones(3)))[0] != first  # shapes changed
-    assert codec.pack([torch.zeros(3), torch.ones(3)])[0] != first  # container changed
+
+def test_cross_memory_reads_are_opt_in() -> None:
+    from accelerando.config import env
+
+    assert env.dispatch_cross_memory({}) is False
+    assert env.dispatch_cross_memory({"ACCELERANDO_DISPATCH_CROSS_MEMORY": "1"}) is True
+    assert env.dispatch_cross_memory({"ACCELERATE_DISPATCH_CROSS_MEMORY": "true"}) is True
+    with pytest.raises(ValueError, match="ACCELERANDO_DISPATCH_CROSS_MEMORY='maybe'"):
+        env.dispatch_cross_memory({"ACCELERANDO_DISPATCH_CROSS_MEMORY": "maybe"})
