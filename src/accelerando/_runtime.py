@@ -190,8 +190,14 @@ def _arrive(store: Any, key: str, expected: int, timeout: timedelta | None) -> N
 
 
 def _install_excepthook(rank: int) -> None:
-    """Print an uncaught error with its rank and record it for torchrun's agent (first failure first)."""
+    """Print an uncaught error with its rank and record it for torchrun's agent (first failure first).
+
+    Installed once per process: a runtime rebuilt after `reset_runtime()` (transformers'
+    TrainingArguments resets the state each time) must not chain a second copy that prints again.
+    """
     previous = sys.excepthook
+    if getattr(previous, "_accelerando_rank", None) == rank:
+        return
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         global _FAILED
@@ -209,6 +215,7 @@ def _install_excepthook(rank: int) -> None:
         if previous not in (sys.__excepthook__, hook):
             previous(exc_type, exc, tb)
 
+    hook._accelerando_rank = rank  # type: ignore[attr-defined]
     sys.excepthook = hook
 
 

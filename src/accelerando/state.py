@@ -31,7 +31,31 @@ def reset_runtime(destroy_process_group: bool = False) -> None:
     _runtime.reset_runtime(destroy_process_group)
 
 
-class PartialState:
+class _PicklesAsView:
+    """A state object pickles as a view, never the runtime behind it (models, process groups, data
+    loaders): transformers saves its TrainingArguments, which keep a PartialState, with every
+    checkpoint. An unpickled view binds to the runtime of the process that uses it, on first use."""
+
+    _runtime_attr = "_rt"
+
+    def _bind(self) -> Any:
+        return _runtime.require_runtime()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != self._runtime_attr}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == type(self)._runtime_attr:
+            value = self._bind()
+            self.__dict__[name] = value
+            return value
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class PartialState(_PicklesAsView):
     """Process placement and control: rank, device, barriers, per-rank decorators."""
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
@@ -255,8 +279,13 @@ class AcceleratorState(PartialState):
         return super().__repr__() + f"Mixed precision type: {self.mixed_precision}\n"
 
 
-class GradientState:
+class GradientState(_PicklesAsView):
     """Accumulation progress and the active data loader's end/remainder, for optimizers and metrics."""
+
+    _runtime_attr = "_g"
+
+    def _bind(self) -> Any:
+        return _runtime.require_runtime().gradient
 
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
         self._g = _runtime.require_runtime().gradient

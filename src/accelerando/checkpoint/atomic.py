@@ -201,6 +201,26 @@ class StagedCheckpoint:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+def write_file_atomically(target: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+    """`write(tmp)` beside `target`, flush, rename: a reader sees the old file or the whole new one."""
+    target = Path(target)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        fsync_path(tmp)
+        os.replace(tmp, target)
+        fsync_path(target.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def publish_directory(staged: Path, target: Path) -> None:
+    """Rename a finished staging directory into place (replacing an older `target`)."""
+    fsync_path(staged)
+    _swap_into_place(staged, target)
+
+
 def _swap_into_place(staged: Path, target: Path) -> None:
     """Rename `staged` to `target`; an existing target is moved aside first and removed after."""
     old = target.parent / f".{target.name}.old"

