@@ -42,3 +42,15 @@ def micro_batch_size(loader: Any, data_parallel_size: int) -> int | None:
         return max(total // max(data_parallel_size, 1), 1)
     size = getattr(loader, "batch_size", None)
     return size if isinstance(size, int) else None
+
+
+def drop_iterable(loaders: list[Any]) -> bool:
+    """Remove the loaders over an IterableDataset from `loaders` (in place); True if there were any.
+
+    `join_uneven_inputs(even_batches=...)` overrides only map-style loaders, as Accelerate does."""
+    iterable = [
+        dl for dl in loaders if isinstance(getattr(dl, "dataset", None), torch.utils.data.IterableDataset)
+    ]
+    for dl in iterable:
+        loaders.remove(dl)
+    return bool(iterable)

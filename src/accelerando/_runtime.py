@@ -48,6 +48,7 @@ class GradientRuntime:
     window_size: int = 1
     dataloaders: list[Any] = field(default_factory=list)
     configured: bool = False
+    stale: bool = False  # its runtime was reset (see `reset_runtime`)
 
 
 @dataclass
@@ -63,6 +64,9 @@ class Runtime:
     strategy: Strategy | None = None
     accelerator_ready: bool = False
     gradient: GradientRuntime = field(default_factory=GradientRuntime)
+    debug: bool = False  # Accelerate's debug mode: collectives first check that every rank's shapes match
+    distributed_type_label: DistributedType | None = None  # assigned to `state.distributed_type` (a label)
+    stale: bool = False  # reset: views bound to it rebind to the next runtime, or say what happened
 
 
 _RUNTIME: Runtime | None = None
@@ -248,8 +252,16 @@ def init_runtime(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None =
         backend=backend if topology.is_distributed else None,
         distributed_type=distributed_type,
         settings=settings,
+        debug=settings.debug_mode,
     )
     return _RUNTIME
+
+
+def configured_precision() -> str | None:
+    """The mixed precision an Accelerator already configured in this process, or None.
+
+    `Accelerator()` without `mixed_precision` keeps it, as Accelerate's shared state does."""
+    return _RUNTIME.mixed_precision if _RUNTIME is not None and _RUNTIME.accelerator_ready else None
 
 
 def require_runtime() -> Runtime:
@@ -261,7 +273,17 @@ def reset_runtime(destroy_process_group: bool = False) -> None:
     global _RUNTIME
     if destroy_process_group:
         destroy_default_group()
+    if _RUNTIME is not None:
+        _RUNTIME.stale = _RUNTIME.gradient.stale = True
     _RUNTIME = None
+
+
+def reset_error(owner: str, name: str) -> AttributeError:
+    """What reading a state object answers between a reset and the next initialisation (Accelerate's words)."""
+    return AttributeError(
+        f"`{owner}` object has no attribute `{name}`. This happens if `{owner}._reset_state()` was called "
+        "and an `Accelerator` or `PartialState` was not reinitialized."
+    )
 
 
 atexit.register(_teardown_at_exit)

@@ -31,28 +31,65 @@ def reset_runtime(destroy_process_group: bool = False) -> None:
     _runtime.reset_runtime(destroy_process_group)
 
 
-class _PicklesAsView:
-    """A state object pickles as a view, never the runtime behind it (models, process groups, data
-    loaders): transformers saves its TrainingArguments, which keep a PartialState, with every
-    checkpoint. An unpickled view binds to the runtime of the process that uses it, on first use."""
+class _SharedState:
+    """Accelerate's `State._shared_state`, read-only: `{}` until something configured this process,
+    then a summary of the runtime (code tests `AcceleratorState._shared_state != {}`)."""
 
-    _runtime_attr = "_rt"
+    def __get__(self, instance: Any, owner: type) -> dict[str, Any]:
+        runtime = _runtime.current()
+        if runtime is None or (owner.__name__ == "AcceleratorState" and not runtime.accelerator_ready):
+            return {}
+        return {
+            "device": runtime.device,
+            "distributed_type": runtime.distributed_type,
+            "num_processes": runtime.topology.world_size,
+            "process_index": runtime.topology.rank,
+        }
+
+
+class _PicklesAsView:
+    """A state object is a view of the process's runtime, kept outside its `__dict__`.
+
+    It pickles as a view, never the runtime (models, process groups, data loaders): transformers
+    saves its TrainingArguments, which keep a PartialState, with every checkpoint; an unpickled
+    view binds to the runtime of the process that uses it, on first use. A view of a reset
+    runtime reads the next one (Accelerate's state is one shared dict); with none yet, reading one
+    of its properties raises Accelerate's AttributeError.
+    """
+
+    __slots__ = ("_bound", "__dict__", "__weakref__")
+    _shared_state = _SharedState()
 
     def _bind(self) -> Any:
         return _runtime.require_runtime()
 
+    def _current(self) -> Any:
+        try:
+            return object.__getattribute__(self, "_bound")
+        except AttributeError:
+            bound = self._bind()
+            object.__setattr__(self, "_bound", bound)
+            return bound
+
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != self._runtime_attr}
+        return dict(self.__dict__)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
-    def __getattr__(self, name: str) -> Any:
-        if name == type(self)._runtime_attr:
-            value = self._bind()
-            self.__dict__[name] = value
-            return value
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def __getattribute__(self, name: str) -> Any:
+        if name[0] != "_":
+            cls = type(self)
+            if isinstance(getattr(cls, name, None), property):
+                try:
+                    bound = object.__getattribute__(self, "_bound")
+                except AttributeError:
+                    bound = None
+                if bound is not None and bound.stale:
+                    if _runtime.current() is None:
+                        raise _runtime.reset_error(cls.__name__, name)
+                    object.__setattr__(self, "_bound", object.__getattribute__(self, "_bind")())
+        return object.__getattribute__(self, name)
 
 
 class PartialState(_PicklesAsView):
@@ -60,7 +97,11 @@ class PartialState(_PicklesAsView):
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         init_kwargs = InitProcessGroupKwargs(**kwargs) if kwargs else None
-        self._rt = _runtime.init_runtime(cpu=cpu, init_kwargs=init_kwargs)
+        self._bound = _runtime.init_runtime(cpu=cpu, init_kwargs=init_kwargs)
+
+    @property
+    def _rt(self) -> Any:
+        return self._current()
 
     @classmethod
     def _reset_state(cls, reset_partial_state: bool = True) -> None:
@@ -82,6 +123,20 @@ class PartialState(_PicklesAsView):
 
     @property
     def distributed_type(self) -> DistributedType:
+        """What runs: the strategy's type (a label assigned by the user is reported instead)."""
+        if self._rt.distributed_type_label is not None:
+            return self._rt.distributed_type_label
+        return self._running_type()
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType | str) -> None:
+        """Accelerate's state lets code assign this (its tests fake FSDP that way). Here the value is
+        a label: reported by `distributed_type` until set back, it never changes the strategy that
+        runs (docs/architecture.md)."""
+        label = DistributedType(value)
+        self._rt.distributed_type_label = None if label == self._running_type() else label
+
+    def _running_type(self) -> DistributedType:
         strategy = self._rt.strategy
         return strategy.distributed_type if strategy is not None else self._rt.distributed_type
 
@@ -119,7 +174,14 @@ class PartialState(_PicklesAsView):
 
     @property
     def debug(self) -> bool:
-        return self._rt.settings.debug_mode
+        """Accelerate's debug mode (ACCELERANDO_DEBUG_MODE, `launch --debug`): gather, reduce, broadcast
+        and pad_across_processes first check that every rank passes the same shapes and raise
+        `DistributedOperationException` listing them otherwise. Settable at run time."""
+        return self._rt.debug
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        self._rt.debug = bool(value)
 
     @property
     def fork_launched(self) -> bool:
@@ -282,13 +344,15 @@ class AcceleratorState(PartialState):
 class GradientState(_PicklesAsView):
     """Accumulation progress and the active data loader's end/remainder, for optimizers and metrics."""
 
-    _runtime_attr = "_g"
-
     def _bind(self) -> Any:
         return _runtime.require_runtime().gradient
 
+    @property
+    def _g(self) -> Any:
+        return self._current()
+
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
-        self._g = _runtime.require_runtime().gradient
+        self._bound = _runtime.require_runtime().gradient
         if gradient_accumulation_plugin is not None:
             configure_gradient(self._g, gradient_accumulation_plugin)
 

@@ -130,6 +130,13 @@ class StagedCheckpoint:
         self._pending: dict[str, Future[FileRecord]] = {}
 
     def open(self) -> StagedCheckpoint:
+        targets = all_gather_object(str(self.target))  # also the barrier before staging starts
+        if len(set(targets)) > 1:
+            shown = ", ".join(f"rank {r}: {t}" for r, t in enumerate(targets))
+            raise CheckpointError(
+                f"every rank must save into the same directory, got {shown}; a checkpoint is one directory "
+                "with one manifest (use a path every rank sees, or save_on_each_node for node-local disks)"
+            )
         if self.is_writer:
             self.target.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():

@@ -2,7 +2,9 @@
 
 Every gather first exchanges a small signature (dtype and shape of each leaf). Leaves that differ
 only in their first dimension are padded, gathered and trimmed; any other mismatch raises a
-ValueError naming each rank's shapes instead of hanging or failing deep inside the backend.
+`DistributedOperationException` (a ValueError) naming each rank's shapes instead of hanging or failing
+deep inside the backend. In Accelerate's debug mode (`PartialState().debug = True`) gather, reduce,
+broadcast and pad_across_processes first require identical shapes on every rank, as Accelerate does.
 
 Every collective takes a `group`; None means the data-parallel group of the job's mesh (the
 default group until tensor or context parallelism splits the ranks), and the default group when
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from accelerando import _runtime
-from accelerando.ops.errors import CannotPadNestedTensorWarning
+from accelerando.ops.errors import CannotPadNestedTensorWarning, DistributedOperationException
 from accelerando.ops.tree import recursively_apply, tree_leaves, tree_replace
 
 _MAX_DIMS = 8
@@ -43,6 +45,22 @@ def _world(group: Any = None) -> int:
     return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
+def _verify_in_debug(operation: str, data: Any, group: Any) -> None:
+    """Debug mode: every rank must pass the same structure and shapes (Accelerate's op checker)."""
+    runtime = _runtime.current()
+    if runtime is None or not runtime.debug or _world(group) == 1:
+        return
+    shapes = [list(t.shape) for t in tree_leaves(data)]
+    everyone: list[Any] = [None] * _world(group)
+    dist.all_gather_object(everyone, shapes, group=group)
+    if any(s != everyone[0] for s in everyone):
+        listing = "\n  - ".join(f"Process {i}: {s}" for i, s in enumerate(everyone))
+        raise DistributedOperationException(
+            "Cannot apply desired operation due to shape mismatches. All shapes across devices must be "
+            f"valid.\n\nOperation: `accelerando.utils.operations.{operation}`\nInput shapes:\n  - {listing}"
+        )
+
+
 def _signature(leaves: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     rows = []
     for t in leaves:
@@ -64,7 +82,9 @@ def _check_signatures(leaves: list[torch.Tensor], group: Any) -> list[list[tuple
     device = leaves[0].device if leaves else torch.device("cpu")
     counts = [int(c) for c in _all_gather_same(torch.tensor([len(leaves)], device=device), group)]
     if len(set(counts)) > 1:
-        raise ValueError(f"cannot gather: ranks passed different numbers of tensors: {counts}")
+        raise DistributedOperationException(
+            f"cannot gather: ranks passed different numbers of tensors: {counts}"
+        )
     if not leaves:
         return []
     sigs = [s.view(len(leaves), -1).tolist() for s in _all_gather_same(_signature(leaves, device), group)]
@@ -76,7 +96,7 @@ def _check_signatures(leaves: list[torch.Tensor], group: Any) -> list[list[tuple
         ndims = {len(s) for s in per_rank}
         if len(dtypes) > 1 or len(ndims) > 1 or len(trailing) > 1:
             listing = ", ".join(f"rank {r}: {tuple(s)}" for r, s in enumerate(per_rank))
-            raise ValueError(
+            raise DistributedOperationException(
                 f"cannot gather tensor #{i}: its shape or dtype differs across ranks beyond the first "
                 f"dimension ({listing}); pad it with pad_across_processes first"
             )
@@ -99,6 +119,7 @@ def gather(data: Any, group: Any = None) -> Any:
     group = _group(group)
     if _world(group) == 1:
         return recursively_apply(lambda t: t[None] if t.dim() == 0 else t, data)
+    _verify_in_debug("gather", data, group)
     leaves = [t[None] if t.dim() == 0 else t for t in tree_leaves(data)]
     shapes = _check_signatures(leaves, group)
     return tree_replace(data, [_gather_leaf(t, s, group) for t, s in zip(leaves, shapes)])
@@ -134,6 +155,7 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0, group: Any = N
         return out * scale if scale != 1.0 else out
 
     if world > 1 and reduction != "none":
+        _verify_in_debug("reduce", data, group)
         _check_same_shapes(tree_leaves(data), "reduce", group)
     return recursively_apply(one, data, error_on_other_type=True)
 
@@ -142,7 +164,9 @@ def _check_same_shapes(leaves: list[torch.Tensor], what: str, group: Any) -> Non
     for i, shapes in enumerate(_check_signatures(leaves, group)):
         if len(set(shapes)) > 1:
             listing = ", ".join(f"rank {r}: {s}" for r, s in enumerate(shapes))
-            raise ValueError(f"cannot {what} tensor #{i}: shapes differ across ranks ({listing})")
+            raise DistributedOperationException(
+                f"cannot {what} tensor #{i}: shapes differ across ranks ({listing})"
+            )
 
 
 def broadcast(data: Any, from_process: int = 0, group: Any = None) -> Any:
@@ -150,6 +174,7 @@ def broadcast(data: Any, from_process: int = 0, group: Any = None) -> Any:
     group = _group(group)
     if _world(group) == 1:
         return data
+    _verify_in_debug("broadcast", data, group)
     _check_same_shapes(tree_leaves(data), "broadcast", group)
 
     def one(t: torch.Tensor) -> torch.Tensor:
@@ -174,6 +199,7 @@ def pad_across_processes(
     """Pad each tensor along `dim` to the largest size any rank has (nested tensors are left as they are)."""
     group = _group(group)
     world = _world(group)
+    _verify_in_debug("pad_across_processes", data, group)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         if t.is_nested:

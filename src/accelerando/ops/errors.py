@@ -1,8 +1,10 @@
 """Exceptions and warnings raised by operations on tensors across processes (Accelerate's names)."""
 
 
-class DistributedOperationException(Exception):
-    """A collective cannot run because the ranks' tensors do not agree (shapes, dtypes, structure)."""
+class DistributedOperationException(ValueError):
+    """A collective cannot run because the ranks' tensors do not agree (shapes, dtypes, structure).
+
+    A ValueError too: accelerando raised ValueError for these before Accelerate's name existed here."""
 
 
 class CannotPadNestedTensorWarning(UserWarning):
