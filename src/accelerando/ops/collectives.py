@@ -50,7 +50,9 @@ def _verify_in_debug(operation: str, data: Any, group: Any) -> None:
     runtime = _runtime.current()
     if runtime is None or not runtime.debug or _world(group) == 1:
         return
-    shapes = [list(t.shape) for t in tree_leaves(data)]
+    shapes: Any = (
+        list(data.shape) if isinstance(data, torch.Tensor) else [list(t.shape) for t in tree_leaves(data)]
+    )
     everyone: list[Any] = [None] * _world(group)
     dist.all_gather_object(everyone, shapes, group=group)
     if any(s != everyone[0] for s in everyone):

@@ -25,13 +25,13 @@ torch_device, device_count, memory_allocated_func = _backend()
 
 
 def get_launch_command(**kwargs: Any) -> list[str]:
-    """`["accelerate", "launch", "--key=value", "--switch", ...]`: true booleans become bare switches,
-    None and False are left out."""
+    """`["accelerate", "launch", "--key=value", "--switch", ...]`: True becomes a bare switch, None is
+    left out, anything else (False too) is written `--key=value`."""
     command = ["accelerate", "launch"]
     for key, value in kwargs.items():
         if value is True:
             command.append(f"--{key}")
-        elif value is not None and value is not False:
+        elif value is not None:
             command.append(f"--{key}={value}")
     return command
 
