@@ -2,7 +2,7 @@
 
 A part is a call, in the script's `__main__` block or its `main()`, of a function the script
 defines; with keyword arguments the part names them (`training_check(use_seedable_sampler=False)`).
-Used by accelerate_scripts.py (which runs them) and test_accelerate_scripts.py (one test each).
+Used by accelerate_scripts.py (which runs them) and test_accelerate_dropin.py (one test each).
 """
 
 import ast

@@ -1,16 +1,18 @@
 """Run test scripts shipped in the installed `accelerate` wheel on accelerando, through the switch.
 
-Started by tests/distributed/test_accelerate_scripts.py as
-`accelerando launch --as_accelerate --cpu --num_processes 2 accelerate_scripts.py OUT SKIPS SCRIPT...`,
+Started by tests/distributed/test_accelerate_dropin.py as `accelerando launch --as_accelerate --cpu
+--num_processes 2 accelerate_scripts.py OUT SKIPS SCRIPT... [--then OURS ARGS...]`,
 so `import accelerate` inside the scripts gives accelerando (the worker turned the switch on before
 this file ran). Each script is loaded as a module from its file, never copied; its parts (the
 functions of the script that its `main()` or `__main__` block calls) are wrapped so each records
 whether it passed, failed (with the error) or was skipped by name (SKIPS: {"script:part": reason}),
 then the script's `__main__` block runs as written. Each rank writes OUT/rank<r>.json.
 
-The scripts share one process group: each ends with `destroy_process_group()` / `end_training()`,
-which this driver defers to the end of the launch (one launch instead of one per script); the
-accelerator state is reset between scripts, as a fresh process would have it.
+`--then` runs one more script afterwards in the same processes (compat_trainer.py: one launch, not
+two; each costs 10-18 s of process start and imports here). The scripts share one process group:
+each ends with `destroy_process_group()` / `end_training()`, which this driver defers to the end
+of the launch (one launch instead of one per script); the accelerator state is reset between
+scripts, as a fresh process would have it.
 """
 
 import ast
@@ -35,7 +37,10 @@ from accelerando.state import AcceleratorState, PartialState  # noqa: E402
 
 OUT = Path(sys.argv[1])
 SKIPS: dict[str, str] = json.loads(sys.argv[2])
-SCRIPTS = [Path(p) for p in sys.argv[3:]]
+_rest = sys.argv[3:]
+_then = _rest.index("--then") if "--then" in _rest else len(_rest)
+SCRIPTS = [Path(p) for p in _rest[:_then]]
+THEN = _rest[_then + 1 :]  # a script of ours (and its arguments) run afterwards in the same processes
 report: dict[str, dict] = {}
 
 
@@ -118,5 +123,10 @@ for script in SCRIPTS:
     AcceleratorState._reset_state(reset_partial_state=True)
 report["_switch"] = _switch_facts(command, running)
 (OUT / f"rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(report, indent=1))
+if THEN:
+    import runpy
+
+    sys.argv = list(THEN)
+    runpy.run_path(THEN[0], run_name="__main__")
 PartialState.destroy_process_group = _destroy  # type: ignore[method-assign]
 PartialState().destroy_process_group()

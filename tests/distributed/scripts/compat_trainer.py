@@ -1,20 +1,22 @@
 """transformers' Trainer (and peft LoRA) on accelerando through `accelerando.as_accelerate()`.
 
-Run by tests/distributed/test_compat_trainer.py in two ways, on the same tiny random-init Llama and
-the same 32 token rows:
+Run by tests/distributed/test_accelerate_dropin.py in two ways, on the same tiny random-init Llama
+and the same 32 token rows:
 - `reference`: one plain process, per-device batch 4, accumulation 2 (8 samples per step);
-- `ranks`: 2 gloo ranks, per-device batch 2, accumulation 2 (8 samples per step): an uninterrupted
-  run that checkpoints every 2 steps, a fresh Trainer resumed from its step-2 checkpoint,
-  `save_model` + `from_pretrained`, the same three with a LoRA adapter, and FSDP (FULL_STATE_DICT
-  checkpoints through `save_fsdp_model` & co.) with the helpers' SHARDED and per-rank paths
-  round-tripped directly.
-Rank 0 writes `<mode>.json` (losses per step, checks' numbers) and `<mode>_<run>.pt` (final
-weights); the test compares the two modes.
+- `ranks`: 2 gloo ranks (after Accelerate's scripts, in the same launch), per-device batch 2,
+  accumulation 2 (8 samples per step): an uninterrupted run that checkpoints every 2 steps, a fresh
+  Trainer resumed from its step-2 checkpoint, `save_model` + `from_pretrained`, the same three with
+  a LoRA adapter (plus its `adapter_only` save/load through the FSDP helpers), and FSDP
+  (FULL_STATE_DICT checkpoints through `save_fsdp_model` & co.) with the helpers' SHARDED and
+  per-rank paths round-tripped directly.
+Rank 0 writes `<mode>.json` (losses per step, checks' numbers, seconds) and `<mode>_<run>.pt`
+(final weights) into the folder it is given; the test compares the two modes.
 """
 
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 # transformers imports `accelerate.utils.deepspeed` whenever the deepspeed package is installed.
@@ -35,6 +37,7 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 
+STARTED = time.perf_counter()
 OUT = Path(sys.argv[1])
 MODE = sys.argv[2]
 STEPS, ACCUMULATION = 4, 2
@@ -91,6 +94,7 @@ def train(name: str, model: torch.nn.Module, resume: str | None = None, **extra)
         seed=0,
         **extra,
     )
+    start = time.perf_counter()
     counter = StepCounter()
     trainer = Trainer(model=model, args=args, train_dataset=DATA, callbacks=[counter])
     trainer.train(resume_from_checkpoint=resume)
@@ -98,6 +102,7 @@ def train(name: str, model: torch.nn.Module, resume: str | None = None, **extra)
         "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "accelerator": type(trainer.accelerator).__module__,
         "steps_run": counter.steps,
+        "seconds": round(time.perf_counter() - start, 2),
     }
     return trainer
 
@@ -166,6 +171,26 @@ if MODE == "ranks":
         report["lora_from_pretrained_max_diff"] = max_diff(got, lora_weights)
         report["lora_files"] = sorted(p.name for p in (OUT / "lora" / "final").iterdir())
 
+    # ---- adapter_only through the FSDP helpers (on the DDP LoRA model: they work on any strategy) --
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.utils import load_fsdp_model, save_fsdp_model
+
+    full_plugin = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
+    acc, peft_model = lora_trainer.accelerator, lora_trainer.model
+    save_fsdp_model(full_plugin, acc, peft_model, OUT / "adapter", adapter_only=True)
+    with torch.no_grad():
+        for p in peft_model.parameters():
+            if p.requires_grad:
+                p.zero_()
+    result = load_fsdp_model(full_plugin, acc, peft_model, OUT / "adapter", adapter_only=True)
+    saved = torch.load(OUT / "adapter" / "pytorch_model_fsdp.bin", weights_only=True)
+    report["adapter_only"] = {
+        "keys": len(saved),
+        "all_lora": all("lora_" in k for k in saved),
+        "unexpected": list(result.unexpected_keys),
+        "max_diff": max_diff(weights(lora_trainer, trainable_only=True), lora_weights),
+    }
+
     # ---- FSDP through the Trainer: FULL_STATE_DICT checkpoints via save_fsdp_model & co. ---------
     fsdp = {"fsdp": "full_shard", "fsdp_config": {"version": 2}}
     fsdp_full = train("fsdp", fresh_model(), **fsdp)
@@ -209,6 +234,7 @@ if MODE == "ranks":
             "files": sorted(p.name for p in folder.iterdir()),
         }
 
+report["seconds_after_imports"] = round(time.perf_counter() - STARTED, 2)
 if main_process():
     (OUT / f"{MODE}.json").write_text(json.dumps(report, indent=1))
 print(

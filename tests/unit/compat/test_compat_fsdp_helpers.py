@@ -1,8 +1,8 @@
 """`save_fsdp_model` & co. in one process, the Accelerator arguments transformers' Trainer passes,
 and state objects that pickle (Trainer saves its TrainingArguments, holding a PartialState).
 
-The 2-rank FSDP paths (FULL_STATE_DICT through the Trainer, DCP and per-rank files) run in
-tests/distributed/test_compat_trainer.py.
+The 2-rank FSDP paths (FULL_STATE_DICT through the Trainer, DCP and per-rank files) and
+`adapter_only` with a peft LoRA model run in tests/distributed/test_accelerate_dropin.py.
 """
 
 from __future__ import annotations
@@ -87,27 +87,6 @@ def test_loading_the_other_format_names_what_is_missing(tmp_path: Path) -> None:
     sharded = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT")
     with pytest.raises(FileNotFoundError, match="SHARDED_STATE_DICT"):
         load_fsdp_model(sharded, accelerator, model, tmp_path)
-
-
-def test_adapter_only_keeps_the_trainable_tensors(tmp_path: Path) -> None:
-    peft = pytest.importorskip("peft")
-
-    class Tiny(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.proj = torch.nn.Linear(4, 4)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.proj(x)
-
-    accelerator = Accelerator(cpu=True)
-    model = accelerator.prepare(peft.get_peft_model(Tiny(), peft.LoraConfig(r=2, target_modules=["proj"])))
-    plugin = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
-    save_fsdp_model(plugin, accelerator, model, tmp_path, adapter_only=True)
-    saved = torch.load(tmp_path / "pytorch_model_fsdp.bin", weights_only=True)
-    assert saved and all("lora_" in key for key in saved)
-    result = load_fsdp_model(plugin, accelerator, model, tmp_path, adapter_only=True)
-    assert not result.unexpected_keys
 
 
 @pytest.mark.parametrize(

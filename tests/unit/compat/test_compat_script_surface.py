@@ -1,6 +1,6 @@
 """What Accelerate's own test scripts and transformers touch, compared with Accelerate on the same input.
 
-The scripts themselves run on 2 ranks in tests/distributed/test_accelerate_scripts.py; these are
+The scripts themselves run on 2 ranks in tests/distributed/test_accelerate_dropin.py; these are
 the single-process checks of each name and behaviour they needed.
 """
 
@@ -78,31 +78,39 @@ def test_parse_flag_and_accelerator_backend_match(monkeypatch: pytest.MonkeyPatc
     assert our_utils.get_torch_accelerator_backend() == their_utils.get_torch_accelerator_backend()
 
 
-def test_get_module_class_from_name_matches() -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))  # fmt: skip
-    for name in ("LlamaDecoderLayer", "LlamaRMSNorm", "Linear", "LlamaForCausalLM", "Missing"):
+
+class Net(torch.nn.Module):
+    _no_split_modules = ["Block", "Absent"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+        self.head = torch.nn.Linear(2, 1)
+
+
+def test_get_module_class_from_name_matches() -> None:
+    model = Net()
+    for name in ("Block", "Linear", "ReLU", "Net", "ModuleList", "Missing"):
         assert get_module_class_from_name(model, name) is their_dataclasses.get_module_class_from_name(
             model, name
         )
 
 
 def test_set_auto_wrap_policy_fills_and_checks_class_names() -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))  # fmt: skip
     plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP")
-    plugin.set_auto_wrap_policy(model)
-    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+    plugin.set_auto_wrap_policy(Net())
+    assert plugin.transformer_cls_names_to_wrap == ["Block"]  # of _no_split_modules, those present
     wrong = FullyShardedDataParallelPlugin(
-        auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap="Block"
+        auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap="Layer"
     )
-    with pytest.raises(ValueError, match="Could not find the transformer layer class Block in the model"):
-        wrong.set_auto_wrap_policy(model)
-    FullyShardedDataParallelPlugin().set_auto_wrap_policy(model)  # no policy named: nothing to check
+    with pytest.raises(ValueError, match="Could not find the transformer layer class Layer in the model"):
+        wrong.set_auto_wrap_policy(Net())
+    FullyShardedDataParallelPlugin().set_auto_wrap_policy(Net())  # no policy named: nothing to check
 
 
 def test_merge_command_has_accelerates_arguments(tmp_path: Path) -> None:
