@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -54,42 +55,40 @@ class _PicklesAsView:
     saves its TrainingArguments, which keep a PartialState, with every checkpoint; an unpickled
     view binds to the runtime of the process that uses it, on first use. A view of a reset
     runtime reads the next one (Accelerate's state is one shared dict); with none yet, reading one
-    of its properties raises Accelerate's AttributeError.
+    of its properties raises Accelerate's AttributeError. Checked only where the runtime is read
+    (`_bound_runtime`), so reading a property costs one attribute check more.
     """
 
     __slots__ = ("_bound", "__dict__", "__weakref__")
+    _bound: Any
     _shared_state = _SharedState()
 
     def _bind(self) -> Any:
         return _runtime.require_runtime()
 
-    def _current(self) -> Any:
-        try:
-            return object.__getattribute__(self, "_bound")
-        except AttributeError:
-            bound = self._bind()
-            object.__setattr__(self, "_bound", bound)
+    def _bound_runtime(self) -> Any:
+        bound = self._bound
+        if bound.stale:  # reset since: read the next runtime, or say why there is none
+            if _runtime.current() is None:
+                raise _runtime.reset_error(type(self).__name__, sys._getframe(2).f_code.co_name)
+            bound = self._bound = self._bind()
+        return bound
+
+    def __getattr__(self, name: str) -> Any:
+        """Reached when normal lookup fails, also when a property raised AttributeError."""
+        cls = type(self)
+        if name == "_bound":  # unpickled, or never bound: bind to this process's runtime now
+            bound = self._bound = self._bind()
             return bound
+        if isinstance(getattr(cls, name, None), property) and _runtime.current() is None:
+            raise _runtime.reset_error(cls.__name__, name)
+        raise AttributeError(f"{cls.__name__!r} object has no attribute {name!r}")
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-
-    def __getattribute__(self, name: str) -> Any:
-        if name[0] != "_":
-            cls = type(self)
-            if isinstance(getattr(cls, name, None), property):
-                try:
-                    bound = object.__getattribute__(self, "_bound")
-                except AttributeError:
-                    bound = None
-                if bound is not None and bound.stale:
-                    if _runtime.current() is None:
-                        raise _runtime.reset_error(cls.__name__, name)
-                    object.__setattr__(self, "_bound", object.__getattribute__(self, "_bind")())
-        return object.__getattribute__(self, name)
 
 
 class PartialState(_PicklesAsView):
@@ -101,7 +100,7 @@ class PartialState(_PicklesAsView):
 
     @property
     def _rt(self) -> Any:
-        return self._current()
+        return self._bound_runtime()
 
     @classmethod
     def _reset_state(cls, reset_partial_state: bool = True) -> None:
@@ -349,7 +348,7 @@ class GradientState(_PicklesAsView):
 
     @property
     def _g(self) -> Any:
-        return self._current()
+        return self._bound_runtime()
 
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
         self._bound = _runtime.require_runtime().gradient
