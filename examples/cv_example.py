@@ -69,7 +69,9 @@ def main() -> None:
     evaluation = DataLoader(Quadrants(301, seed=1, augment=False), batch_size=args.batch_size)
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.epochs * len(train))
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=args.lr, total_steps=args.epochs * len(train)
+    )
     model, optimizer, train, evaluation, scheduler = accelerator.prepare(
         model, optimizer, train, evaluation, scheduler
     )

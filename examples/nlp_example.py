@@ -59,7 +59,9 @@ def main() -> None:
         intermediate_size=128, max_position_embeddings=64, num_labels=2,
     )  # fmt: skip
     model = BertForSequenceClassification(config)
-    train = DataLoader(make_examples(args.train_size, seed=0), batch_size=args.batch_size, shuffle=True, collate_fn=collate)
+    train = DataLoader(
+        make_examples(args.train_size, seed=0), batch_size=args.batch_size, shuffle=True, collate_fn=collate
+    )
     evaluation = DataLoader(make_examples(501, seed=1), batch_size=args.batch_size, collate_fn=collate)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, 10, args.epochs * len(train))

@@ -21,7 +21,9 @@ def make_dataset(n: int, seed: int) -> TensorDataset:
     return TensorDataset(x, (x @ teacher).argmax(dim=1))
 
 
-def make_loaders(batch_size: int, train_size: int = 1024, eval_size: int = 203) -> tuple[DataLoader, DataLoader]:
+def make_loaders(
+    batch_size: int, train_size: int = 1024, eval_size: int = 203
+) -> tuple[DataLoader, DataLoader]:
     """An uneven eval set (203 samples) so `gather_for_metrics` has padding to drop on 2 ranks."""
     train = DataLoader(make_dataset(train_size, seed=0), batch_size=batch_size, shuffle=True)
     evaluation = DataLoader(make_dataset(eval_size, seed=1), batch_size=batch_size)

@@ -62,7 +62,10 @@ def main() -> None:
     if args.resume_from_checkpoint:
         folder = args.resume_from_checkpoint
         if folder == "latest":
-            folders = sorted((Path(args.output_dir) / "checkpoints").glob("checkpoint_*"), key=lambda p: int(p.name.split("_")[1]))
+            folders = sorted(
+                (Path(args.output_dir) / "checkpoints").glob("checkpoint_*"),
+                key=lambda p: int(p.name.split("_")[1]),
+            )
             folder = str(folders[-1])
         accelerator.load_state(folder)
         accelerator.print(f"resumed from {folder} at step {progress.step}")
@@ -85,7 +88,9 @@ def main() -> None:
         progress.epoch, progress.batch = epoch + 1, 0
         accuracy, _ = evaluate(accelerator, model, evaluation)
         accelerator.print(f"epoch {epoch}: accuracy {accuracy:.3f}")
-    accelerator.print(f"final_step={progress.step} weights={fingerprint(accelerator.unwrap_model(model))} accuracy={accuracy:.3f}")
+    accelerator.print(
+        f"final_step={progress.step} weights={fingerprint(accelerator.unwrap_model(model))} accuracy={accuracy:.3f}"
+    )
     accelerator.end_training()
 
 

@@ -24,7 +24,11 @@ class Block(torch.nn.Module):
 
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.norm, self.up, self.down = torch.nn.LayerNorm(width), torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+        self.norm, self.up, self.down = (
+            torch.nn.LayerNorm(width),
+            torch.nn.Linear(width, 4 * width),
+            torch.nn.Linear(4 * width, width),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.down(torch.relu(self.up(self.norm(x))))

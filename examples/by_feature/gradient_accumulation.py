@@ -37,7 +37,9 @@ def main() -> None:
                 optimizer_steps += int(accelerator.sync_gradients)
         accuracy, _ = evaluate(accelerator, model, evaluation)
         accelerator.print(f"epoch {epoch}: accuracy {accuracy:.3f}")
-    accelerator.print(f"optimizer_steps={optimizer_steps} batches={args.epochs * len(train)} accuracy={accuracy:.3f}")
+    accelerator.print(
+        f"optimizer_steps={optimizer_steps} batches={args.epochs * len(train)} accuracy={accuracy:.3f}"
+    )
     accelerator.end_training()
 
 

@@ -36,7 +36,9 @@ def main() -> None:
         accuracy, _ = evaluate(accelerator, model, evaluation)  # replicas are equal after the context
         accelerator.print(f"epoch {epoch}: accuracy {accuracy:.3f}")
     replicas = accelerator.gather(torch.cat([p.detach().reshape(1, -1) for p in model.parameters()], dim=1))
-    accelerator.print(f"replicas_equal={bool(torch.equal(replicas[0], replicas[-1]))} accuracy={accuracy:.3f}")
+    accelerator.print(
+        f"replicas_equal={bool(torch.equal(replicas[0], replicas[-1]))} accuracy={accuracy:.3f}"
+    )
     accelerator.end_training()
 
 

@@ -20,7 +20,9 @@ def main() -> None:
     parser.add_argument("--trace_dir", default="profiler_traces")
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
-    profile = ProfileKwargs(activities=["cpu"], record_shapes=True, with_flops=True, output_trace_dir=args.trace_dir)
+    profile = ProfileKwargs(
+        activities=["cpu"], record_shapes=True, with_flops=True, output_trace_dir=args.trace_dir
+    )
     accelerator = Accelerator(kwargs_handlers=[profile], mixed_precision=args.mixed_precision)
     set_seed(args.seed)
     train, _ = make_loaders(args.batch_size)

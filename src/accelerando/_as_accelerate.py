@@ -73,6 +73,8 @@ class _AccelerateDistribution(importlib.metadata.Distribution):
             )
         if filename == "top_level.txt":
             return ALIAS + "\n"
+        if filename == "entry_points.txt":  # `accelerate` names accelerando's command line
+            return "[console_scripts]\naccelerate = accelerando.commands.accelerate_cli:main\n"
         return None
 
     def locate_file(self, path: str | os.PathLike[str]) -> Any:

@@ -1,7 +1,8 @@
-"""Read-only views of the Accelerator's resolved configuration, under Accelerate's attribute names."""
+"""Views of the Accelerator's resolved configuration under Accelerate's attribute names (read-only but `dataloader_config`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from accelerando.config.options import AutocastKwargs, DataLoaderConfiguration, ProjectConfiguration
@@ -20,6 +21,15 @@ class ConfigViews:
     @property
     def dataloader_config(self) -> DataLoaderConfiguration:
         return self.config.dataloader
+
+    @dataloader_config.setter
+    def dataloader_config(self, value: DataLoaderConfiguration) -> None:
+        """Loaders prepared from now on use `value` (Accelerate's attribute is assignable too)."""
+        if not isinstance(value, DataLoaderConfiguration):
+            raise TypeError(
+                f"dataloader_config must be a DataLoaderConfiguration, got {type(value).__name__}"
+            )
+        self.config = dataclasses.replace(self.config, dataloader=value)
 
     @property
     def split_batches(self) -> bool:

@@ -65,3 +65,15 @@ def register_once(container: list[Any], obj: Any) -> Any:
     if not any(o is obj for o in container):
         container.append(obj)
     return obj
+
+
+def drop_iterable(loaders: list[Any]) -> bool:
+    """Remove the loaders over an IterableDataset from `loaders` (in place); True if there were any.
+
+    `join_uneven_inputs(even_batches=...)` overrides only map-style loaders, as Accelerate does."""
+    iterable = [
+        dl for dl in loaders if isinstance(getattr(dl, "dataset", None), torch.utils.data.IterableDataset)
+    ]
+    for dl in iterable:
+        loaders.remove(dl)
+    return bool(iterable)

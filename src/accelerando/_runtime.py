@@ -48,6 +48,7 @@ class GradientRuntime:
     window_size: int = 1
     dataloaders: list[Any] = field(default_factory=list)
     configured: bool = False
+    stale: bool = False  # its runtime was reset (see `reset_runtime`)
 
 
 @dataclass
@@ -63,7 +64,9 @@ class Runtime:
     strategy: Strategy | None = None
     accelerator_ready: bool = False
     gradient: GradientRuntime = field(default_factory=GradientRuntime)
-    debug: bool = False  # Accelerate's op-checker switch; collectives check shapes either way
+    debug: bool = False  # Accelerate's debug mode: collectives first check that every rank's shapes match
+    distributed_type_label: DistributedType | None = None  # assigned to `state.distributed_type` (a label)
+    stale: bool = False  # reset: views bound to it rebind to the next runtime, or say what happened
 
 
 _RUNTIME: Runtime | None = None
@@ -191,8 +194,14 @@ def _arrive(store: Any, key: str, expected: int, timeout: timedelta | None) -> N
 
 
 def _install_excepthook(rank: int) -> None:
-    """Print an uncaught error with its rank and record it for torchrun's agent (first failure first)."""
+    """Print an uncaught error with its rank and record it for torchrun's agent (first failure first).
+
+    Installed once per process: a runtime rebuilt after `reset_runtime()` (transformers'
+    TrainingArguments resets the state each time) must not chain a second copy that prints again.
+    """
     previous = sys.excepthook
+    if getattr(previous, "_accelerando_rank", None) == rank:
+        return
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         global _FAILED
@@ -210,6 +219,7 @@ def _install_excepthook(rank: int) -> None:
         if previous not in (sys.__excepthook__, hook):
             previous(exc_type, exc, tb)
 
+    hook._accelerando_rank = rank  # type: ignore[attr-defined]
     sys.excepthook = hook
 
 
@@ -247,6 +257,13 @@ def init_runtime(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None =
     return _RUNTIME
 
 
+def configured_precision() -> str | None:
+    """The mixed precision an Accelerator already configured in this process, or None.
+
+    `Accelerator()` without `mixed_precision` keeps it, as Accelerate's shared state does."""
+    return _RUNTIME.mixed_precision if _RUNTIME is not None and _RUNTIME.accelerator_ready else None
+
+
 def require_runtime() -> Runtime:
     return _RUNTIME if _RUNTIME is not None else init_runtime()
 
@@ -256,7 +273,17 @@ def reset_runtime(destroy_process_group: bool = False) -> None:
     global _RUNTIME
     if destroy_process_group:
         destroy_default_group()
+    if _RUNTIME is not None:
+        _RUNTIME.stale = _RUNTIME.gradient.stale = True
     _RUNTIME = None
+
+
+def reset_error(owner: str, name: str) -> AttributeError:
+    """What reading a state object answers between a reset and the next initialisation (Accelerate's words)."""
+    return AttributeError(
+        f"`{owner}` object has no attribute `{name}`. This happens if `{owner}._reset_state()` was called "
+        "and an `Accelerator` or `PartialState` was not reinitialized."
+    )
 
 
 atexit.register(_teardown_at_exit)

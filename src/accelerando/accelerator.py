@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -74,7 +75,9 @@ class Accelerator(ConfigViews):
         settings = env.read_settings()
         self.config: ResolvedConfig = resolve(
             cpu=cpu,
-            mixed_precision=mixed_precision,
+            mixed_precision=mixed_precision
+            if mixed_precision is not None
+            else _runtime.configured_precision(),
             gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin,
             dataloader_config=dataloader_config,
@@ -123,7 +126,10 @@ class Accelerator(ConfigViews):
     # ---- components ------------------------------------------------------------------------
     @property
     def strategy(self) -> Any:
-        return self._runtime.strategy
+        runtime = self._runtime
+        if runtime.stale and _runtime.current() is None:  # AcceleratorState._reset_state() was called
+            raise _runtime.reset_error("AcceleratorState", "strategy")
+        return runtime.strategy
 
     @property
     def precision(self) -> Any:
@@ -473,6 +479,12 @@ class Accelerator(ConfigViews):
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
         """Let ranks run different numbers of steps (the strategy's join), optionally with even_batches overridden."""
         loaders = [dl for dl in self._dataloaders if hasattr(dl, "even_batches")]
+        if even_batches is not None and _prepare.drop_iterable(loaders):
+            warnings.warn(
+                "Overriding even_batches is only supported for map-style datasets, yet some dataloaders "
+                "given were iterable (they keep their own even_batches)",
+                stacklevel=3,
+            )
         saved = [dl.even_batches for dl in loaders]
         if even_batches is not None:
             for dl in loaders:

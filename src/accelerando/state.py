@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -31,29 +32,75 @@ def reset_runtime(destroy_process_group: bool = False) -> None:
     _runtime.reset_runtime(destroy_process_group)
 
 
-class PartialState:
+class _SharedState:
+    """Accelerate's `State._shared_state`, read-only: `{}` until something configured this process,
+    then a summary of the runtime (code tests `AcceleratorState._shared_state != {}`)."""
+
+    def __get__(self, instance: Any, owner: type) -> dict[str, Any]:
+        runtime = _runtime.current()
+        if runtime is None or (owner.__name__ == "AcceleratorState" and not runtime.accelerator_ready):
+            return {}
+        return {
+            "device": runtime.device,
+            "distributed_type": runtime.distributed_type,
+            "num_processes": runtime.topology.world_size,
+            "process_index": runtime.topology.rank,
+        }
+
+
+class _PicklesAsView:
+    """A state object is a view of the process's runtime, kept outside its `__dict__`.
+
+    It pickles as a view, never the runtime (models, process groups, data loaders): transformers
+    saves its TrainingArguments, which keep a PartialState, with every checkpoint; an unpickled
+    view binds to the runtime of the process that uses it, on first use. A view of a reset
+    runtime reads the next one (Accelerate's state is one shared dict); with none yet, reading one
+    of its properties raises Accelerate's AttributeError. Checked only where the runtime is read
+    (`_bound_runtime`), so reading a property costs one attribute check more.
+    """
+
+    __slots__ = ("_bound", "__dict__", "__weakref__")
+    _bound: Any
+    _shared_state = _SharedState()
+
+    def _bind(self) -> Any:
+        return _runtime.require_runtime()
+
+    def _bound_runtime(self) -> Any:
+        bound = self._bound
+        if bound.stale:  # reset since: read the next runtime, or say why there is none
+            if _runtime.current() is None:
+                raise _runtime.reset_error(type(self).__name__, sys._getframe(2).f_code.co_name)
+            bound = self._bound = self._bind()
+        return bound
+
+    def __getattr__(self, name: str) -> Any:
+        """Reached when normal lookup fails, also when a property raised AttributeError."""
+        cls = type(self)
+        if name == "_bound":  # unpickled, or never bound: bind to this process's runtime now
+            bound = self._bound = self._bind()
+            return bound
+        if isinstance(getattr(cls, name, None), property) and _runtime.current() is None:
+            raise _runtime.reset_error(cls.__name__, name)
+        raise AttributeError(f"{cls.__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class PartialState(_PicklesAsView):
     """Process placement and control: rank, device, barriers, per-rank decorators."""
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         init_kwargs = InitProcessGroupKwargs(**kwargs) if kwargs else None
-        _runtime.init_runtime(cpu=cpu, init_kwargs=init_kwargs)
+        self._bound = _runtime.init_runtime(cpu=cpu, init_kwargs=init_kwargs)
 
     @property
-    def _rt(self) -> _runtime.Runtime:
-        runtime = _runtime.current()
-        if runtime is None:
-            raise AttributeError("_rt")  # turned into a hint by __getattr__
-        return runtime
-
-    def __getattr__(self, name: str) -> Any:
-        # Reached when a property's read of the runtime failed (or the name does not exist).
-        cls = type(self).__name__
-        if not name.startswith("__") and _runtime.current() is None and hasattr(type(self), name):
-            raise AttributeError(
-                f"`{cls}` object has no attribute `{name}`. This happens if `{cls}._reset_state()` was called "
-                "and an `Accelerator` or `PartialState` was not reinitialized."
-            )
-        raise AttributeError(f"'{cls}' object has no attribute '{name}'")
+    def _rt(self) -> Any:
+        return self._bound_runtime()
 
     @classmethod
     def _reset_state(cls, reset_partial_state: bool = True) -> None:
@@ -75,6 +122,20 @@ class PartialState:
 
     @property
     def distributed_type(self) -> DistributedType:
+        """What runs: the strategy's type (a label assigned by the user is reported instead)."""
+        if self._rt.distributed_type_label is not None:
+            return self._rt.distributed_type_label
+        return self._running_type()
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType | str) -> None:
+        """Accelerate's state lets code assign this (its tests fake FSDP that way). Here the value is
+        a label: reported by `distributed_type` until set back, it never changes the strategy that
+        runs (docs/architecture.md)."""
+        label = DistributedType(value)
+        self._rt.distributed_type_label = None if label == self._running_type() else label
+
+    def _running_type(self) -> DistributedType:
         strategy = self._rt.strategy
         return strategy.distributed_type if strategy is not None else self._rt.distributed_type
 
@@ -112,6 +173,9 @@ class PartialState:
 
     @property
     def debug(self) -> bool:
+        """Accelerate's debug mode (ACCELERANDO_DEBUG_MODE, `launch --debug`): gather, reduce, broadcast
+        and pad_across_processes first check that every rank passes the same shapes and raise
+        `DistributedOperationException` listing them otherwise. Settable at run time."""
         return self._rt.debug
 
     @debug.setter
@@ -276,11 +340,18 @@ class AcceleratorState(PartialState):
         return super().__repr__() + f"Mixed precision type: {self.mixed_precision}\n"
 
 
-class GradientState:
+class GradientState(_PicklesAsView):
     """Accumulation progress and the active data loader's end/remainder, for optimizers and metrics."""
 
+    def _bind(self) -> Any:
+        return _runtime.require_runtime().gradient
+
+    @property
+    def _g(self) -> Any:
+        return self._bound_runtime()
+
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
-        self._g = _runtime.require_runtime().gradient
+        self._bound = _runtime.require_runtime().gradient
         if gradient_accumulation_plugin is not None:
             configure_gradient(self._g, gradient_accumulation_plugin)
 

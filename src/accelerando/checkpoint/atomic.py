@@ -130,6 +130,13 @@ class StagedCheckpoint:
         self._pending: dict[str, Future[FileRecord]] = {}
 
     def open(self) -> StagedCheckpoint:
+        targets = all_gather_object(str(self.target))  # also the barrier before staging starts
+        if len(set(targets)) > 1:
+            shown = ", ".join(f"rank {r}: {t}" for r, t in enumerate(targets))
+            raise CheckpointError(
+                f"every rank must save into the same directory, got {shown}; a checkpoint is one directory "
+                "with one manifest (use a path every rank sees, or save_on_each_node for node-local disks)"
+            )
         if self.is_writer:
             self.target.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
@@ -199,6 +206,26 @@ class StagedCheckpoint:
         """Stop without publishing: the previous checkpoint stays; the staging directory is left
         for inspection and removed by the next save to the same target."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def write_file_atomically(target: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+    """`write(tmp)` beside `target`, flush, rename: a reader sees the old file or the whole new one."""
+    target = Path(target)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        fsync_path(tmp)
+        os.replace(tmp, target)
+        fsync_path(target.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def publish_directory(staged: Path, target: Path) -> None:
+    """Rename a finished staging directory into place (replacing an older `target`)."""
+    fsync_path(staged)
+    _swap_into_place(staged, target)
 
 
 def _swap_into_place(staged: Path, target: Path) -> None:

@@ -99,10 +99,22 @@ def run(args: argparse.Namespace) -> int:
             "--enable_cpu_affinity pins Python processes in accelerando's worker bootstrap; an executable "
             "started with --no_python does not go through it (pin it yourself, e.g. with taskset)"
         )
+    if resolved["as_accelerate"] and target.no_python:
+        raise ValueError(
+            "--as_accelerate turns the switch on in accelerando's worker bootstrap before a Python script "
+            "runs; an executable started with --no_python does not go through it (give the script, or "
+            "call accelerando.as_accelerate() in your program)"
+        )
     for w in caught:
         print(f"accelerando launch: warning: {w.message}", file=sys.stderr)
     if not args.quiet:
         from accelerando.launch.settings import report
 
         print(report(resolved), file=sys.stderr, flush=True)
-    return torchrun.run(resolved, target, detected.device_type)
+    if not resolved["as_accelerate"]:
+        return torchrun.run(resolved, target, detected.device_type)
+    from accelerando.launch.accelerate_command import NOTICE, accelerate_command_on_path
+
+    print(NOTICE, file=sys.stderr, flush=True)
+    with accelerate_command_on_path() as path, envmod.patch_environment(**path):
+        return torchrun.run(resolved, target, detected.device_type)

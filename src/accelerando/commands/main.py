@@ -24,9 +24,9 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, prog: str = "accelerando") -> argparse.ArgumentParser:
     """The top-level parser; `only` registers a single command (its module alone is imported)."""
-    parser = argparse.ArgumentParser("accelerando", description="Run one PyTorch script anywhere.")
+    parser = argparse.ArgumentParser(prog, description="Run one PyTorch script anywhere.")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     for name, module in COMMANDS.items():
         if only is None or name == only:
@@ -36,11 +36,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "accelerando") -> int:
     """Entry point of the `accelerando` console script; returns (and exits with) the status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in args_list if not a.startswith("-")), None)
-    parser = build_parser(first if first in COMMANDS else None)
+    parser = build_parser(first if first in COMMANDS else None, prog)
     args = parser.parse_args(args_list)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = int(args.func(args) or 0)
     except (ValueError, OSError) as err:  # bad input or a missing file: a message, not a traceback
-        print(f"accelerando {args.command}: error: {err}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {err}", file=sys.stderr)
         status = 2
     return status
 

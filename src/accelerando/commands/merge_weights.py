@@ -11,13 +11,10 @@ import argparse
 from accelerando.commands._args import add_flag
 from accelerando.utils.fsdp_merge import find_sharded_model, merge_fsdp_weights
 
-__all__ = ["find_sharded_model", "merge_fsdp_weights", "register", "run"]
+__all__ = ["add_arguments", "find_sharded_model", "merge_fsdp_weights", "register", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser(
-        "merge-weights", help="merge a sharded FSDP checkpoint into safetensors (no process group needed)"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "checkpoint_directory", help="a save_state folder, or one of its pytorch_model_fsdp_N folders"
     )
@@ -28,6 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_flag(parser, "max_shard_size", default="10GB", help="largest output file (default 10GB)")
     parser.set_defaults(func=run)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    add_arguments(
+        sub.add_parser(
+            "merge-weights", help="merge a sharded FSDP checkpoint into safetensors (no process group needed)"
+        )
+    )
 
 
 def run(args: argparse.Namespace) -> int:

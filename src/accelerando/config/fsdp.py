@@ -313,6 +313,14 @@ def _parse_names(value: Any) -> list[str] | None:
     return names or None
 
 
+def get_module_class_from_name(module: torch.nn.Module, name: str) -> type[torch.nn.Module] | None:
+    """The class called `name` of `module` or of one of its submodules (depth first), else None."""
+    for sub in module.modules():
+        if type(sub).__name__ == name:
+            return type(sub)
+    return None
+
+
 # Plugin field -> the check `check_settings` runs on a launcher-given value (the plugin's own parsers).
 _FIELD_CHECKS: dict[str, Callable[[Any], object]] = {
     "fsdp_version": _check_version,
@@ -424,6 +432,26 @@ class FullyShardedDataParallelPlugin:
     def set_state_dict_type(self, state_dict_type: Any = None) -> None:
         """SHARDED_STATE_DICT (default: every rank writes its shards) or FULL_STATE_DICT (rank 0)."""
         self.state_dict_type = _parse_state_dict_type(state_dict_type or SHARDED_STATE_DICT)
+
+    def set_auto_wrap_policy(self, model: torch.nn.Module) -> None:
+        """Check the wrap policy against `model` now, as Accelerate's method of this name does.
+
+        Accelerate builds its policy callable here; accelerando plans the units at `prepare`, so
+        this only fills what Accelerate fills: with TRANSFORMER_BASED_WRAP and no class names, the
+        model's `_no_split_modules` that it contains; a named class the model lacks is an error.
+        """
+        if self.auto_wrap_policy != "transformer_based_wrap":
+            return
+        if self.transformer_cls_names_to_wrap is None:
+            declared = list(getattr(model, "_no_split_modules", None) or [])
+            present = [name for name in declared if get_module_class_from_name(model, name) is not None]
+            self.transformer_cls_names_to_wrap = present or None
+        for name in self.transformer_cls_names_to_wrap or []:
+            if get_module_class_from_name(model, name) is None:
+                raise ValueError(
+                    f"Could not find the transformer layer class {name} in the model "
+                    f"({type(model).__name__}); transformer_cls_names_to_wrap names classes of its submodules"
+                )
 
     def set_mixed_precision(
         self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False

@@ -75,13 +75,33 @@ class ResolvedConfig:
     use_deepspeed: bool = False
 
 
+# Accelerate's arguments for engines accelerando does not run yet. None, their default (what
+# transformers' Trainer passes to every Accelerator it builds), is accepted as Accelerate accepts it;
+# any other value is refused, naming the issue that builds the engine.
+NOT_YET_ARGUMENTS = {
+    "deepspeed_plugin": "DeepSpeed (issue 21)",
+    "deepspeed_plugins": "DeepSpeed (issue 21)",
+    "torch_tp_plugin": "tensor parallelism (issue 24, ParallelismConfig)",
+    "parallelism_config": "ParallelismConfig meshes (issue 24)",
+    "megatron_lm_plugin": "Megatron-LM (not planned; see README 'Not there yet')",
+}
+
+
 def fold_moved_arguments(
     extra: dict[str, Any], dataloader_config: DataLoaderConfiguration | None
 ) -> DataLoaderConfiguration | None:
     """Apply the deprecated data-loader keywords to a DataLoaderConfiguration; refuse anything else.
 
-    A keyword that contradicts an explicitly passed configuration is an error naming both values.
+    A keyword that contradicts an explicitly passed configuration is an error naming both values;
+    the not-yet engines' arguments are accepted only as None, their default.
     """
+    for name in [n for n in extra if n in NOT_YET_ARGUMENTS]:
+        value = extra.pop(name)
+        if value is not None:
+            raise NotImplementedError(
+                f"Accelerator({name}={type(value).__name__}(...)): {NOT_YET_ARGUMENTS[name]} is not "
+                f"available yet in accelerando; pass {name}=None (the default) and train with DDP or FSDP"
+            )
     moved = {name: extra.pop(name) for name in DATALOADER_ARGUMENTS if name in extra}
     for name in extra:
         if name in MOVED_ARGUMENTS:

@@ -35,21 +35,26 @@ class SeedableRandomSampler(RandomSampler):
 
     It never draws from the global torch RNG (so the training loop's randomness is not shifted by
     iterating data) and never touches a generator the user passed. The order for a given
-    `data_seed` and epoch is the one Accelerate's sampler of the same name gives. Like
-    `DistributedSampler`, it does not advance by itself: iterating it twice gives the same order
-    (re-iterating is how resumption fast-forwards); call `set_epoch` (prepared loaders do).
+    `data_seed` and epoch is the one Accelerate's sampler of the same name gives, and, as there, a
+    complete pass moves on to the next epoch (a pass stopped early does not), until someone calls
+    `set_epoch`: from then on the caller chooses every epoch (prepared loaders do, before each
+    pass, so that re-iterating to fast-forward a resumed pass gives that pass's order again).
     """
 
     def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.initial_seed = int(torch.initial_seed() if data_seed is None else data_seed)
         self.epoch = 0
+        self._epochs_chosen = False
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
+        self._epochs_chosen = True
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.order())
+        yield from self.order()
+        if not getattr(self, "_epochs_chosen", False):  # (pickled before this attribute existed)
+            self.epoch += 1
 
     def order(self) -> list[int]:
         """The epoch's whole order at once (a generator yielding index by index costs 3% of an epoch)."""

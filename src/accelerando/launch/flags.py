@@ -82,6 +82,8 @@ _CORE: list[Option] = [
        env="ACCELERANDO_DEBUG_MODE", export=True),
     _o("cpu", "switch", HARDWARE, "run on CPU only (gloo), even when an accelerator is present",
        yaml=("use_cpu",), env="ACCELERANDO_USE_CPU", export=True),
+    _o("as_accelerate", "switch", GENERAL, "in the training processes `import accelerate` gives accelerando's "
+       "modules and the `accelerate` command runs accelerando's (accelerando.as_accelerate())", export=True),
     _o("multi_gpu", "switch", HARDWARE, "use the machine's accelerators (Accelerate's flag; implied by default)",
        yaml=(), env=None),
     _o("tpu", "switch", HARDWARE, "TPU launching (not supported: use torch_xla's launcher)", yaml=(), env=None,

@@ -4,7 +4,9 @@ Started by file path (`python -u .../worker.py --script train.py args...`), so i
 from accelerando or torch: the script sees the same `sys.argv`, `sys.path[0]` and `__main__` it
 would under `python train.py`. For the same reason it reads its few variables from `os.environ`
 itself (the one module besides `config/env.py` allowed to). With `--enable_cpu_affinity` the
-process is first pinned to its local rank's share of the cores. If the script raises, the
+process is first pinned to its local rank's share of the cores; with `--as_accelerate` it imports
+accelerando first, which turns `accelerando.as_accelerate()` on (the script then imports transformers
+and `accelerate` as usual). If the script raises, the
 traceback (without these frames) goes to stderr and, in the JSON layout torch's `ProcessFailure`
 reads, to `$TORCHELASTIC_ERROR_FILE`; the launcher prints it first.
 """
@@ -95,6 +97,12 @@ def pin_to_core_share(environ: Mapping[str, str] = os.environ) -> list[int] | No
     return share
 
 
+def as_accelerate_requested(environ: Mapping[str, str] = os.environ) -> bool:
+    """`--as_accelerate` (ACCELERANDO_AS_ACCELERATE): the switch must be on before the script runs."""
+    value = environ.get("ACCELERANDO_AS_ACCELERATE", environ.get("ACCELERATE_AS_ACCELERATE", ""))
+    return value.strip().lower() in _TRUE
+
+
 def main(argv: list[str]) -> int:
     """`--script PATH args...` or `--module NAME args...`."""
     if len(argv) < 2 or argv[0] not in ("--script", "--module"):
@@ -103,6 +111,9 @@ def main(argv: list[str]) -> int:
     mode, target, rest = argv[0], argv[1], argv[2:]
     pin_to_core_share()
     try:
+        if as_accelerate_requested():
+            import accelerando  # noqa: F401 - importing it with the variable set turns the switch on
+
         if mode == "--module":
             sys.argv = [target, *rest]
             runpy.run_module(target, run_name="__main__", alter_sys=True)

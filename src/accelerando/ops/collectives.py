@@ -2,7 +2,9 @@
 
 Every gather first exchanges a small signature (dtype and shape of each leaf). Leaves that differ
 only in their first dimension are padded, gathered and trimmed; any other mismatch raises a
-ValueError naming each rank's shapes instead of hanging or failing deep inside the backend.
+`DistributedOperationException` (a ValueError) naming each rank's shapes instead of hanging or failing
+deep inside the backend. In Accelerate's debug mode (`PartialState().debug = True`) gather, reduce,
+broadcast and pad_across_processes first require identical shapes on every rank, as Accelerate does.
 
 Every collective takes a `group`; None means the data-parallel group of the job's mesh (the
 default group until tensor or context parallelism splits the ranks), and the default group when
@@ -41,6 +43,24 @@ def _group(group: Any) -> Any:
 
 def _world(group: Any = None) -> int:
     return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def _verify_in_debug(operation: str, data: Any, group: Any) -> None:
+    """Debug mode: every rank must pass the same structure and shapes (Accelerate's op checker)."""
+    runtime = _runtime.current()
+    if runtime is None or not runtime.debug or _world(group) == 1:
+        return
+    shapes: Any = (
+        list(data.shape) if isinstance(data, torch.Tensor) else [list(t.shape) for t in tree_leaves(data)]
+    )
+    everyone: list[Any] = [None] * _world(group)
+    dist.all_gather_object(everyone, shapes, group=group)
+    if any(s != everyone[0] for s in everyone):
+        listing = "\n  - ".join(f"Process {i}: {s}" for i, s in enumerate(everyone))
+        raise DistributedOperationException(
+            "Cannot apply desired operation due to shape mismatches. All shapes across devices must be "
+            f"valid.\n\nOperation: `accelerando.utils.operations.{operation}`\nInput shapes:\n  - {listing}"
+        )
 
 
 def _signature(leaves: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -99,6 +119,7 @@ def gather(data: Any, group: Any = None) -> Any:
     group = _group(group)
     if _world(group) == 1:
         return recursively_apply(lambda t: t[None] if t.dim() == 0 else t, data)
+    _verify_in_debug("gather", data, group)
     leaves = [t[None] if t.dim() == 0 else t for t in tree_leaves(data)]
     shapes = _check_signatures(leaves, group)
     return tree_replace(data, [_gather_leaf(t, s, group) for t, s in zip(leaves, shapes)])
@@ -134,6 +155,7 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0, group: Any = N
         return out * scale if scale != 1.0 else out
 
     if world > 1 and reduction != "none":
+        _verify_in_debug("reduce", data, group)
         _check_same_shapes(tree_leaves(data), "reduce", group)
     return recursively_apply(one, data, error_on_other_type=True)
 
@@ -152,6 +174,7 @@ def broadcast(data: Any, from_process: int = 0, group: Any = None) -> Any:
     group = _group(group)
     if _world(group) == 1:
         return data
+    _verify_in_debug("broadcast", data, group)
     _check_same_shapes(tree_leaves(data), "broadcast", group)
 
     def one(t: torch.Tensor) -> torch.Tensor:
@@ -176,6 +199,7 @@ def pad_across_processes(
     """Pad each tensor along `dim` to the largest size any rank has (nested tensors are left as they are)."""
     group = _group(group)
     world = _world(group)
+    _verify_in_debug("pad_across_processes", data, group)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         if t.is_nested:

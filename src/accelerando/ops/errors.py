@@ -4,8 +4,8 @@
 class DistributedOperationException(ValueError):
     """A collective cannot run because the ranks' tensors do not agree (shapes, dtypes, structure).
 
-    Accelerate raises it only in debug mode; accelerando checks every collective, cheaply, and
-    keeps it a ValueError so both `except` spellings work.
+    Accelerate raises it only in debug mode; accelerando checks every collective, cheaply. It is a
+    ValueError too, so code written against accelerando's earlier ValueError keeps working.
     """
 
 

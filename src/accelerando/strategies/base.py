@@ -9,6 +9,7 @@ strategies wrap them jointly) and runs the composition order of DESIGN.md princi
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -183,7 +184,14 @@ class Strategy:
         yield
 
     def join_context(self, joinables: list[Any]) -> contextlib.AbstractContextManager:
-        """Let ranks run different numbers of steps; nothing to join without replicas to sync."""
+        """Let ranks run different numbers of steps: only data-parallel replicas (DDP) can join;
+        other distributed strategies say so, with Accelerate's warning, and run unjoined."""
+        if self.distributed_type != DistributedType.NO:
+            warnings.warn(
+                "Joining uneven inputs is only supported for multi-GPU training, as a result "
+                f"`join_uneven_inputs` will have no effect (strategy {self.name!r} does not join)",
+                stacklevel=3,
+            )
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, model: torch.nn.Module | None = None, **kwargs: Any) -> None:

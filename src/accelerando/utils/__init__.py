@@ -29,11 +29,19 @@ from accelerando.utils.constants import (
 from accelerando.utils.dataclasses import *  # noqa: F403 - one list of names, kept there
 from accelerando.utils.environment import (
     convert_dict_to_env_variables,
+    parse_flag_from_env,
     purge_accelerate_environment,
     str_to_bool,
 )
 from accelerando.utils.fsdp_merge import merge_fsdp_weights
+from accelerando.utils.fsdp_utils import (
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
 from accelerando.utils.imports import (
+    get_torch_accelerator_backend,
     is_bf16_available,
     is_cuda_available,
     is_datasets_available,

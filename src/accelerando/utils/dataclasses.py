@@ -8,7 +8,10 @@ import warnings
 from dataclasses import dataclass
 
 from accelerando.config import env
-from accelerando.config.fsdp import FullyShardedDataParallelPlugin
+from accelerando.config.fsdp import (
+    FullyShardedDataParallelPlugin,
+    get_module_class_from_name,  # noqa: F401 - peft imports it from here
+)
 from accelerando.config.options import (
     AORecipeKwargs,
     AutocastKwargs,

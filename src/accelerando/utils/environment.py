@@ -23,6 +23,12 @@ _PURGED_MARK = "_accelerate_is_purged_environment_wrapped"
 T = TypeVar("T")
 
 
+def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    """Whether variable `key` holds a true spelling (1, true, yes, ...); `default` when unset."""
+    value = env.raw(key)
+    return default if value is None else env.parse_bool(value, key)
+
+
 def convert_dict_to_env_variables(current_env: Mapping[str, str]) -> list[str]:
     """`KEY=VALUE\\n` lines for the safe entries; entries that are empty or hold `; < > space newline`
     are skipped with a warning."""

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import importlib.util
 from functools import cache
+from typing import Any
 
 import torch
 
-from accelerando.devices import get_device
+from accelerando.devices import accelerator_device, get_device
 
 
 @cache
 def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+def get_torch_accelerator_backend(check_available: bool = True) -> tuple[str | None, Any]:
+    """(device type, its torch module) of the machine's accelerator, or (None, None) on a CPU-only one."""
+    device = accelerator_device()
+    if device.type == "cpu" or (check_available and not device.is_available()):
+        return None, None
+    return device.type, device.module()
 
 
 def is_cuda_available() -> bool:

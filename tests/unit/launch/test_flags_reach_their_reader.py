@@ -125,6 +125,7 @@ NO_MSAMP = "MS-AMP fp8 is not available yet in accelerando (issue 22)"
 
 ROWS: dict[str, list[Reaches | Refused | NoEffect]] = {
     "debug": [Reaches(True, settings("debug_mode"), True)],
+    "as_accelerate": [Reaches(True, lambda r, exported: worker.as_accelerate_requested(exported), True)],
     "cpu": [Reaches(True, accelerator_config("cpu"), True, detected=GPU4)],
     "multi_gpu": [Reaches(True, agent(lambda lc: lc.nproc_per_node), 4, detected=GPU4)],
     "tpu": [Refused(True, "does not launch TPU")],
@@ -339,6 +340,7 @@ def test_cli_refuses_with_exit_code_2_before_starting_anything(
         (["--fp8_backend", "te", "--mixed_precision", "fp8"], "--fp8_backend=te: Transformer Engine fp8"),
         (["--fsdp_state_dict_type", "LOCAL_STATE_DICT"], "LOCAL_STATE_DICT is FSDP1's flat-parameter format"),
         (["--enable_cpu_affinity", "--no_python"], "--enable_cpu_affinity pins Python processes"),
+        (["--as_accelerate", "--no_python"], "--as_accelerate turns the switch on in accelerando's worker"),
     ]:
         assert main(["launch", "--cpu", *argv, str(script)]) == 2
         err = capsys.readouterr().err

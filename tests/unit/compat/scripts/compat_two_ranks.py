@@ -1,4 +1,5 @@
-"""Run on 2 ranks: copy_tensor_to_devices, save (main process only), nested-tensor padding."""
+"""Run on 2 ranks: copy_tensor_to_devices, save (main process only), nested-tensor padding, debug
+mode's shape check, save_state refusing per-rank directories."""
 
 import sys
 import warnings
@@ -6,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from accelerando import Accelerator
+from accelerando.checkpoint.atomic import CheckpointError
 from accelerando.state import PartialState
 from accelerando.utils import (
     CannotPadNestedTensorWarning,
@@ -46,5 +49,25 @@ with warnings.catch_warnings(record=True) as caught:
     padded = pad_across_processes({"n": nested, "t": torch.ones(rank + 1)}, pad_index=-1)
 assert padded["n"] is nested and padded["t"].tolist() == ([1.0, -1.0] if rank == 0 else [1.0, 1.0])
 assert any(issubclass(w.category, CannotPadNestedTensorWarning) for w in caught)
+
+# Debug mode (Accelerate's op checker): mismatched shapes raise naming each process's shapes.
+state.debug = True
+try:
+    pad_across_processes(torch.ones([1] * (rank + 1)))
+except DistributedOperationException as err:
+    assert "Process 0: [1]" in str(err) and "Process 1: [1, 1]" in str(err), err
+else:
+    raise AssertionError("debug mode let mismatched shapes through")
+state.debug = False
+
+# A checkpoint is one directory: ranks naming different ones are refused on every rank.
+accelerator = Accelerator(cpu=True)
+try:
+    accelerator.save_state(str(folder / f"ckpt_rank{rank}"))
+except CheckpointError as err:
+    assert "every rank must save into the same directory" in str(err) and "ckpt_rank1" in str(err), err
+else:
+    raise AssertionError("differing save_state directories accepted")
+assert not (folder / "ckpt_rank0").exists()
 state.wait_for_everyone()
 print(f"compat checks passed on rank {rank}")
