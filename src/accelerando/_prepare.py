@@ -22,6 +22,9 @@ __all__ += ["restore_forward", "wrap_forward_in_autocast"]
 def kind_of(obj: Any) -> str:
     from torch.utils.data import DataLoader
 
+    declared = getattr(type(obj), "prepare_kind", None)  # DummyOptim / DummyScheduler (engine-built)
+    if declared in KINDS:
+        return str(declared)
     if isinstance(obj, torch.nn.Module):
         return MODEL
     if isinstance(obj, torch.optim.Optimizer):

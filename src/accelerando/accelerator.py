@@ -59,6 +59,7 @@ class Accelerator(ConfigViews):
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
         dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
         rng_types: list[Any] | None = None,
         project_dir: str | None = None,
@@ -68,6 +69,7 @@ class Accelerator(ConfigViews):
         kwargs_handlers: list[Any] | None = None,
         dynamo_backend: Any = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
         **removed: Any,
     ) -> None:
         reject_moved_arguments(removed)
@@ -87,6 +89,7 @@ class Accelerator(ConfigViews):
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             rng_types=rng_types,
             fsdp_plugin=fsdp_plugin,
+            deepspeed_plugins=(deepspeed_plugin, deepspeed_plugins),
             settings=settings,
         )
         self._runtime = _runtime.init_runtime(cpu=self.config.cpu, init_kwargs=self.config.handlers.init)
@@ -113,7 +116,7 @@ class Accelerator(ConfigViews):
             cfg, topology=rt.topology, device=rt.device, precision=precision, backend=rt.backend
         )
         strategy.setup_environment()
-        rt.precision, rt.strategy, rt.mixed_precision = precision, strategy, cfg.mixed_precision
+        rt.precision, rt.strategy, rt.mixed_precision = strategy.ctx.precision, strategy, cfg.mixed_precision
         configure_gradient(rt.gradient, cfg.gradient)
         rt.gradient.window_size = rt.gradient.num_steps
         rt.gradient.step_in_window = 0

@@ -27,6 +27,13 @@ from accelerando.utils.constants import (
     WEIGHTS_PATTERN_NAME,
 )
 from accelerando.utils.dataclasses import *  # noqa: F403 - one list of names, kept there
+from accelerando.utils.deepspeed import (
+    DummyOptim,
+    DummyScheduler,
+    GatheredParameters,
+    HfDeepSpeedConfig,
+    get_active_deepspeed_plugin,
+)
 from accelerando.utils.environment import (
     convert_dict_to_env_variables,
     purge_accelerate_environment,

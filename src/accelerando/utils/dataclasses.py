@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass
 
 from accelerando.config import env
+from accelerando.config.deepspeed import DeepSpeedPlugin
 from accelerando.config.fsdp import FullyShardedDataParallelPlugin
 from accelerando.config.options import (
     AORecipeKwargs,
@@ -143,6 +144,7 @@ __all__ = [
     "ComputeEnvironment",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedType",
