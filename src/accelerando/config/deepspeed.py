@@ -139,6 +139,44 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def settings_from_env(variables: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """DeepSpeedPlugin arguments from the launcher's variables (`os.environ` when None), parsed."""
+    out: dict[str, Any] = {}
+    for name, (_, variable) in FIELDS.items():
+        value = env.lookup(variable, variables)
+        if value:
+            out[name] = _parse(name, value, env.PREFIX + variable)
+    config_file = env.lookup("DEEPSPEED_CONFIG_FILE", variables)
+    if config_file and config_file != "none":
+        out["hf_ds_config"] = config_file
+    zero3_init = env.lookup("DEEPSPEED_ZERO3_INIT", variables)
+    if zero3_init:
+        out["zero3_init_flag"] = env.parse_bool(zero3_init, env.PREFIX + "DEEPSPEED_ZERO3_INIT")
+    moe = env.lookup("DEEPSPEED_MOE_LAYER_CLS_NAMES", variables)
+    if moe:
+        out["transformer_moe_cls_names"] = moe
+    return out
+
+
+def check_settings(
+    variables: Mapping[str, str],
+    *,
+    mixed_precision: str,
+    precision_from: str | None,
+    accumulation_from: str | None,
+) -> None:
+    """What every process will do with these launcher variables, done once before any process starts."""
+    plugin = DeepSpeedPlugin(**settings_from_env(variables))
+    steps = env.integer("GRADIENT_ACCUMULATION_STEPS", 1, variables) or 1
+    reconcile(
+        {"default": plugin},
+        mixed_precision=mixed_precision,
+        precision_from=precision_from,
+        gradient_accumulation_steps=steps,
+        accumulation_from=accumulation_from,
+    )
+
+
 def _parse(name: str, value: Any, where: str) -> Any:
     """A field's value in its type; `"auto"` stays as is (the Accelerator fills it)."""
     if value is None or value == AUTO:
@@ -185,11 +223,11 @@ class DeepSpeedPlugin:
     deepspeed_config: dict[str, Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name, (_, variable) in FIELDS.items():
+        for name, value in settings_from_env().items():
             if getattr(self, name) is None:
-                setattr(self, name, _parse(name, env.lookup(variable) or None, env.PREFIX + variable))
-            else:
-                setattr(self, name, _parse(name, getattr(self, name), f"DeepSpeedPlugin({name}=...)"))
+                setattr(self, name, value)
+        for name in FIELDS:
+            setattr(self, name, _parse(name, getattr(self, name), f"DeepSpeedPlugin({name}=...)"))
         if self.offload_optimizer_device is not None and self.offload_optimizer_device not in OFFLOAD_DEVICES:
             raise ValueError(
                 f"offload_optimizer_device={self.offload_optimizer_device!r}; accepted: {', '.join(OFFLOAD_DEVICES)}"
@@ -198,11 +236,8 @@ class DeepSpeedPlugin:
             raise ValueError(
                 f"offload_param_device={self.offload_param_device!r}; accepted: {', '.join(OFFLOAD_DEVICES)}"
             )
-        if self.transformer_moe_cls_names is None:
-            self.transformer_moe_cls_names = env.lookup("DEEPSPEED_MOE_LAYER_CLS_NAMES") or None
-        source = self.hf_ds_config if self.hf_ds_config is not None else env.lookup("DEEPSPEED_CONFIG_FILE")
-        if source not in (None, "", "none"):
-            self.hf_ds_config = HfDeepSpeedConfig(source)
+        if self.hf_ds_config not in (None, "", "none"):
+            self.hf_ds_config = HfDeepSpeedConfig(self.hf_ds_config)
             self._merge_fields_into_file()
         else:
             self.hf_ds_config = HfDeepSpeedConfig(self._synthesized())
@@ -378,14 +413,18 @@ def _unset_transformers_weakref() -> None:
 
 # ---- the Accelerator's values against the plugins' --------------------------------------------
 def plugins_from(
-    deepspeed_plugin: Any, deepspeed_plugins: Any, use_deepspeed: bool
+    deepspeed_plugin: Any,
+    deepspeed_plugins: Any,
+    use_deepspeed: bool,
+    variables: Mapping[str, str] | None = None,
 ) -> dict[str, DeepSpeedPlugin] | None:
-    """The plugins by name (a single plugin is named "default"), or None without DeepSpeed."""
+    """The plugins by name (a single plugin is named "default"), or None without DeepSpeed; without a
+    plugin argument, the launcher's `variables` make one."""
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
         raise ValueError("pass either deepspeed_plugin or deepspeed_plugins to Accelerator(), not both")
     given = deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
     if given is None:
-        return {"default": DeepSpeedPlugin()} if use_deepspeed else None
+        return {"default": DeepSpeedPlugin(**settings_from_env(variables))} if use_deepspeed else None
     plugins = dict(given) if isinstance(given, Mapping) else {"default": given}
     if not plugins:
         raise ValueError("deepspeed_plugins is empty; give at least one DeepSpeedPlugin")

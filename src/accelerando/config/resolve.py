@@ -135,7 +135,9 @@ def _deepspeed(
     the Accelerator and every plugin agree on (filled into their "auto" values)."""
     from accelerando.config import deepspeed
 
-    plugins = deepspeed.plugins_from(*given, use_deepspeed=settings.use_deepspeed)
+    plugins = deepspeed.plugins_from(
+        *given, use_deepspeed=settings.use_deepspeed, variables=settings.deepspeed_variables
+    )
     if plugins is None:
         return None, precision[0], gradient
     if fsdp_plugin is not None or settings.use_fsdp:
