@@ -174,6 +174,7 @@ class Accelerator(ConfigViews):
     is_last_process = _from_state("is_last_process")
     use_distributed = _from_state("use_distributed")
     is_fsdp2 = _from_state("is_fsdp2")
+    deepspeed_plugin = _from_state("deepspeed_plugin")
     wait_for_everyone = _state_method("wait_for_everyone")
     main_process_first = _state_method("main_process_first")
     local_main_process_first = _state_method("local_main_process_first")

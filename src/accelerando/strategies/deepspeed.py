@@ -31,6 +31,7 @@ from accelerando.config.options import DistributedType, DynamoBackend
 from accelerando.parallel.mesh import MeshShape
 from accelerando.precision.base import Precision
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy, StrategyContext
+from accelerando.strategies.compose import refuse_multi_device_map
 from accelerando.strategies.deepspeed_config import EngineRequest, engine_config, is_dummy
 
 if TYPE_CHECKING:
@@ -203,6 +204,9 @@ class DeepSpeedStrategy(Strategy):
             [replaced.get(id(s), s) for s in request.schedulers],
         )
 
+    def check_model(self, model: torch.nn.Module) -> None:
+        refuse_multi_device_map(model)
+
     def _register(self, engine: Any, clip: float, *, trainable: bool) -> None:
         record = Engine(engine, self.active, clip, trainable)
         if not hasattr(engine.optimizer, "clip_grad") and record.trainable:
@@ -219,7 +223,8 @@ class DeepSpeedStrategy(Strategy):
         found = self._by_id.get(id(obj))
         if found is None:
             raise ValueError(
-                f"this {type(obj).__name__} was not prepared by this Accelerator's DeepSpeed engines"
+                f"this {type(obj).__name__} belongs to no DeepSpeed engine of this Accelerator; prepare each "
+                "model together with its optimizer (and scheduler) in one prepare() call"
             )
         return found
 

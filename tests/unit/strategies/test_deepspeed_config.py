@@ -223,3 +223,24 @@ def test_hf_deepspeed_config_dotted_access() -> None:
     assert config.get_value("missing.key", 7) == 7
     config.del_config_sub_tree("zero_optimization.offload_param")
     assert not config.is_offload()
+
+
+def test_the_names_and_fields_are_accelerates() -> None:
+    import dataclasses
+    import inspect
+
+    import accelerate.utils
+
+    import accelerando
+    import accelerando.utils
+
+    theirs = [f.name for f in dataclasses.fields(accelerate.utils.DeepSpeedPlugin) if f.init]
+    ours = [f.name for f in dataclasses.fields(DeepSpeedPlugin) if f.init]
+    assert [n for n in theirs if n not in ("enable_msamp", "msamp_opt_level")] == ours
+    assert accelerando.DeepSpeedPlugin is accelerando.utils.DeepSpeedPlugin is DeepSpeedPlugin
+    for name in ("DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin"):
+        mine, accelerates = getattr(accelerando.utils, name), getattr(accelerate.utils, name)
+        assert list(inspect.signature(mine).parameters) == list(inspect.signature(accelerates).parameters), (
+            name
+        )
+    assert "GatheredParameters" in dir(accelerando.utils.operations)
