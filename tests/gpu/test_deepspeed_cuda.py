@@ -86,7 +86,8 @@ def _train(acc, model, opt, rank, device, steps=STEPS, start=0, dtype=None):  # 
 def _full(acc, model) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
     import torch.distributed as dist
 
-    box = [acc.get_state_dict(model) if dist.get_rank() == 0 else None]
+    state = acc.get_state_dict(model)  # collective: ZeRO-3 gathers on every rank
+    box = [state if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return {k: v.float() for k, v in box[0].items()}  # type: ignore[union-attr]
 
@@ -139,8 +140,8 @@ def main(work: Path) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, opt, _ = acc.prepare(model, opt, _loader(rank))
     assert all(p.dtype == torch.bfloat16 for p in model.module.parameters())
-    masters = [p for g in opt.optimizer.param_groups for p in g["params"]]
-    assert masters and all(p.dtype == torch.float32 for p in masters)
+    masters = opt.optimizer.fp32_partitioned_groups_flat  # ZeRO-3's fp32 master partitions
+    assert masters and all(p.dtype == torch.float32 for p in masters), [p.dtype for p in masters]
     _train(acc, model, opt, rank, device, dtype=torch.bfloat16)
     got = _full(acc, model)
     start = {k: v.float() for k, v in base.state_dict().items()}
