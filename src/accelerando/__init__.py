@@ -13,6 +13,7 @@ from accelerando.big_modeling import (
     init_on_device,
     load_checkpoint_and_dispatch,
 )
+from accelerando.config.deepspeed import DeepSpeedPlugin
 from accelerando.config.fsdp import FullyShardedDataParallelPlugin
 from accelerando.config.options import (
     AORecipeKwargs,
@@ -64,6 +65,7 @@ __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedType",
     "FullyShardedDataParallelPlugin",

@@ -26,6 +26,9 @@ PREPARED_FLAG = "_is_accelerate_prepared"
 def kind_of(obj: Any) -> str:
     from torch.utils.data import DataLoader
 
+    declared = getattr(type(obj), "prepare_kind", None)  # DummyOptim / DummyScheduler (engine-built)
+    if declared in KINDS:
+        return str(declared)
     if isinstance(obj, torch.nn.Module):
         return MODEL
     if isinstance(obj, torch.optim.Optimizer):

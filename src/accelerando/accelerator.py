@@ -60,6 +60,7 @@ class Accelerator(ConfigViews):
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
         dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
         rng_types: list[Any] | None = None,
         project_dir: str | None = None,
@@ -69,6 +70,7 @@ class Accelerator(ConfigViews):
         kwargs_handlers: list[Any] | None = None,
         dynamo_backend: Any = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
         **removed: Any,
     ) -> None:
         dataloader_config = fold_moved_arguments(removed, dataloader_config)
@@ -90,6 +92,7 @@ class Accelerator(ConfigViews):
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             rng_types=rng_types,
             fsdp_plugin=fsdp_plugin,
+            deepspeed_plugins=(deepspeed_plugin, deepspeed_plugins),
             settings=settings,
         )
         self._runtime = _runtime.init_runtime(cpu=self.config.cpu, init_kwargs=self.config.handlers.init)
@@ -116,7 +119,7 @@ class Accelerator(ConfigViews):
             cfg, topology=rt.topology, device=rt.device, precision=precision, backend=rt.backend
         )
         strategy.setup_environment()
-        rt.precision, rt.strategy, rt.mixed_precision = precision, strategy, cfg.mixed_precision
+        rt.precision, rt.strategy, rt.mixed_precision = strategy.ctx.precision, strategy, cfg.mixed_precision
         configure_gradient(rt.gradient, cfg.gradient)
         rt.gradient.window_size = rt.gradient.num_steps
         rt.gradient.step_in_window = 0
@@ -177,6 +180,7 @@ class Accelerator(ConfigViews):
     is_last_process = _from_state("is_last_process")
     use_distributed = _from_state("use_distributed")
     is_fsdp2 = _from_state("is_fsdp2")
+    deepspeed_plugin = _from_state("deepspeed_plugin")
     wait_for_everyone = _state_method("wait_for_everyone")
     main_process_first = _state_method("main_process_first")
     local_main_process_first = _state_method("local_main_process_first")

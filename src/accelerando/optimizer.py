@@ -65,8 +65,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return strategy is not None and strategy.capabilities.owns_gradient_accumulation
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._boundary():
+        if not self._boundary():
+            return
+        strategy = self._runtime.strategy
+        if strategy is None:
             self.optimizer.zero_grad(set_to_none=set_to_none)
+        else:
+            strategy.zero_grad(self.optimizer, set_to_none)
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         if not self._boundary():

@@ -325,8 +325,35 @@ class AcceleratorState(PartialState):
 
     @property
     def deepspeed_plugin(self) -> Any:
-        is_ds = self.distributed_type == DistributedType.DEEPSPEED
-        return getattr(self._rt.strategy, "plugin", None) if is_ds else None
+        """The selected DeepSpeed plugin (the one the next `prepare` builds engines with), or None."""
+        return self._deepspeed_strategy().plugin if self._is_deepspeed else None
+
+    @property
+    def deepspeed_plugins(self) -> Any:
+        """Every DeepSpeed plugin by name, or None without DeepSpeed."""
+        return dict(self._deepspeed_strategy().plugins) if self._is_deepspeed else None
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        plugins = self._deepspeed_strategy().plugins
+        if name not in plugins:
+            raise ValueError(f"no DeepSpeed plugin named {name!r}; the plugins are {', '.join(plugins)}")
+        return plugins[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Build the next prepared models' engines with plugin `name` (multi-model DeepSpeed)."""
+        self._deepspeed_strategy().select(name)
+
+    @property
+    def _is_deepspeed(self) -> bool:
+        return self._rt.strategy is not None and self.distributed_type == DistributedType.DEEPSPEED
+
+    def _deepspeed_strategy(self) -> Any:
+        if not self._is_deepspeed:
+            raise ValueError(
+                "this Accelerator does not use DeepSpeed: pass deepspeed_plugin(s)=... to Accelerator() or "
+                "launch with --use_deepspeed"
+            )
+        return self._rt.strategy
 
     @property
     def is_fsdp2(self) -> bool:

@@ -5,6 +5,8 @@
 # 1. every CUDA test of the whole suite: pytest -m cuda tests (keeps going past failures)
 # 2. benchmarks/gpu.py at full size: plain PyTorch / Accelerate / accelerando, big-model rows
 # 3. benchmarks/fsdp.py: DDP vs FSDP2 (needs 2 GPUs: nccl refuses two ranks on one device)
+# 4. benchmarks/deepspeed.py: accelerando's step against deepspeed.initialize's (ZeRO-2, ZeRO-3),
+#    interleaved in one process per stage, one rank per GPU
 # Writes benchmarks/results/gpu-<date>.md (and copies it to $OUT/ when OUT is set), then exits
 # non-zero if any section failed. PYTHON overrides the interpreter (default: .venv/bin/python if
 # present, else python3); GPU_BENCH_REPEATS the fresh processes per benchmark cell (default 3).
@@ -88,6 +90,19 @@ else
   rc=0
 fi
 ended "benchmarks/fsdp.py" "$rc" "$began"
+
+section "benchmarks/deepspeed.py (accelerando vs deepspeed.initialize)"
+began=$SECONDS
+if "$PYTHON" -c "import deepspeed" >/dev/null 2>&1; then
+  "$PYTHON" benchmarks/deepspeed.py --nproc "$GPUS" --modes overhead-zero2 overhead-zero3 --dim 1024 --depth 8 \
+    --batch 64 --steps 20 --repeats 1 2>&1 | grep -v ' INFO ' | tee "$WORK/deepspeed.log"
+  rc=${PIPESTATUS[0]}
+  cat "$WORK/deepspeed.log" >>"$RESULTS"
+else
+  echo "skipped: deepspeed is not installed (DS_BUILD_OPS=0 pip install deepspeed)" | tee -a "$RESULTS" >&2
+  rc=0
+fi
+ended "benchmarks/deepspeed.py" "$rc" "$began"
 
 printf '\ntotal: %s s, exit %s\n' "$((SECONDS - START))" "$STATUS" | tee -a "$RESULTS" >&2
 if [ -n "${OUT:-}" ]; then cp "$RESULTS" "$OUT/"; fi

@@ -20,8 +20,9 @@ _KINDS = {
     "2": ("MULTI_CPU", "several CPU processes (gloo)"),
     "3": ("MULTI_GPU", "several GPUs / accelerators (DDP)"),
     "4": ("FSDP", "FSDP (parameters sharded with FSDP2)"),
+    "5": ("DEEPSPEED", "DeepSpeed (ZeRO stages 0-3)"),
 }
-_NOT_YET = {"5": "DeepSpeed is not available yet in accelerando (issue 21)"}
+_NOT_YET: dict[str, str] = {}  # choices listed with the reason they are refused
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -174,6 +175,60 @@ def _fsdp_section(read: Callable[[str], str]) -> dict[str, Any]:
     return section
 
 
+def _deepspeed_file(text: str) -> str:
+    """A DeepSpeed JSON config that exists and parses, with its zero_optimization section."""
+    from accelerando.config.deepspeed import DeepSpeedPlugin
+
+    DeepSpeedPlugin(hf_ds_config=text, zero3_init_flag=False)
+    return text
+
+
+def _deepspeed_section(read: Callable[[str], str]) -> dict[str, Any]:
+    """Accelerate's `deepspeed_config` keys: a JSON file, or the ZeRO stage and its offloads."""
+    from accelerando.config.deepspeed import HfDeepSpeedConfig
+
+    section: dict[str, Any] = {}
+    if ask("use a DeepSpeed JSON config file?", "no", _yes, read):
+        path = section["deepspeed_config_file"] = ask(
+            "path of the DeepSpeed JSON file", "", _deepspeed_file, read
+        )
+        stage = HfDeepSpeedConfig(path).stage
+    else:
+        stage = section["zero_stage"] = ask("ZeRO stage (0, 1, 2, 3)", 2, _option("zero_stage"), read)
+        if stage >= 2:
+            device = section["offload_optimizer_device"] = ask(
+                "offload optimizer states to (none, cpu, nvme)",
+                "none",
+                _option("offload_optimizer_device"),
+                read,
+            )
+            if device == "nvme":
+                section["offload_optimizer_nvme_path"] = ask(
+                    "NVMe path for optimizer states", "/nvme", str, read
+                )
+        if stage == 3:
+            device = section["offload_param_device"] = ask(
+                "offload parameters to (none, cpu, nvme)", "none", _option("offload_param_device"), read
+            )
+            if device == "nvme":
+                section["offload_param_nvme_path"] = ask("NVMe path for parameters", "/nvme", str, read)
+        section["gradient_accumulation_steps"] = ask(
+            "gradient accumulation steps", 1, _option("gradient_accumulation_steps"), read
+        )
+        if ask("clip gradients at a fixed norm on every step?", "no", _yes, read):
+            section["gradient_clipping"] = ask(
+                "maximum gradient norm", 1.0, _option("gradient_clipping"), read
+            )
+    if stage == 3:
+        section["zero3_init_flag"] = ask(
+            "build transformers models partitioned (zero.Init)?", "yes", _yes, read
+        )
+        section["zero3_save_16bit_model"] = ask(
+            "gather 16-bit weights when saving the model?", "yes", _yes, read
+        )
+    return section
+
+
 def _registered_backend(name: str) -> None:
     """Backends beyond torch's built-in ones must be registered here (a package may provide them)."""
     from accelerando.commands.launch import compile_backends
@@ -204,6 +259,8 @@ def questionnaire(read: Callable[[str], str] = input) -> dict[str, Any]:
         _machines(cfg, read)
     if kind == "FSDP":
         cfg["fsdp_config"] = _fsdp_section(read)
+    if kind == "DEEPSPEED":
+        cfg["deepspeed_config"] = _deepspeed_section(read)
     cfg["mixed_precision"] = ask(
         "mixed precision (no, fp16, bf16, fp8)", "no", _option("mixed_precision"), read
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PREFIX = "ACCELERANDO_"
 ALIAS_PREFIX = "ACCELERATE_"
@@ -78,6 +78,7 @@ class EnvSettings:
     dynamo_regional: bool | None = None
     use_fsdp: bool = False
     use_deepspeed: bool = False
+    deepspeed_variables: Mapping[str, str] = field(default_factory=dict)  # ACCELERANDO_DEEPSPEED_* and co.
     fp8_backend: str | None = None
     fp8_pad_inner_dim: bool | None = None
     fp8_enable_fsdp_float8_all_gather: bool | None = None
@@ -91,6 +92,16 @@ class EnvSettings:
 def _optional_flag(name: str, env: Mapping[str, str]) -> bool | None:
     value = lookup(name, env)
     return None if value is None else parse_bool(value, PREFIX + name)
+
+
+_DEEPSPEED_SHARED = ("GRADIENT_CLIPPING", "GRADIENT_ACCUMULATION_STEPS")
+
+
+def _deepspeed_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """The DeepSpeed plugin's variables, each under its `ACCELERANDO_` name whichever prefix set it."""
+    names = {k.removeprefix(p) for k in env for p in (PREFIX, ALIAS_PREFIX) if k.startswith(p + "DEEPSPEED_")}
+    out = {PREFIX + n: lookup(n, env) for n in (*sorted(names), *_DEEPSPEED_SHARED)}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def read_settings(env: Mapping[str, str] | None = None) -> EnvSettings:
@@ -107,6 +118,7 @@ def read_settings(env: Mapping[str, str] | None = None) -> EnvSettings:
         dynamo_regional=_optional_flag("DYNAMO_USE_REGIONAL_COMPILATION", env),
         use_fsdp=flag("USE_FSDP", env=env),
         use_deepspeed=flag("USE_DEEPSPEED", env=env),
+        deepspeed_variables=_deepspeed_variables(env),
         fp8_backend=(lookup("FP8_BACKEND", env) or "").strip().lower() or None,
         fp8_pad_inner_dim=_optional_flag("FP8_PAD_INNER_DIM", env),
         fp8_enable_fsdp_float8_all_gather=_optional_flag("FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", env),

@@ -73,14 +73,13 @@ class ResolvedConfig:
     fsdp_plugin: Any = None
     use_fsdp: bool = False
     use_deepspeed: bool = False
+    deepspeed_plugins: dict[str, Any] | None = None  # by name, the first one selected first
 
 
 # Accelerate's arguments for engines accelerando does not run yet. None, their default (what
 # transformers' Trainer passes to every Accelerator it builds), is accepted as Accelerate accepts it;
 # any other value is refused, naming the issue that builds the engine.
 NOT_YET_ARGUMENTS = {
-    "deepspeed_plugin": "DeepSpeed (issue 21)",
-    "deepspeed_plugins": "DeepSpeed (issue 21)",
     "torch_tp_plugin": "tensor parallelism (issue 24, ParallelismConfig)",
     "parallelism_config": "ParallelismConfig meshes (issue 24)",
     "megatron_lm_plugin": "Megatron-LM (not planned; see README 'Not there yet')",
@@ -167,14 +166,52 @@ def _gradient_plugin(steps: int, plugin: GradientAccumulationPlugin | None, sett
     return resolved
 
 
-def _refuse_unavailable(settings: env.EnvSettings) -> None:
-    """A launcher (ours or Accelerate's) asked for something accelerando cannot do yet: say so, never
-    train something else silently."""
-    if settings.use_deepspeed:
-        raise ValueError(
-            "the launcher asked for DeepSpeed (ACCELERATE_USE_DEEPSPEED/ACCELERANDO_USE_DEEPSPEED is true): "
-            "DeepSpeed is not available yet in accelerando (issue 21)"
-        )
+def _deepspeed(
+    given: tuple[Any, Any],
+    fsdp_plugin: Any,
+    settings: env.EnvSettings,
+    precision: tuple[str, str | None],
+    gradient: GradientAccumulationPlugin,
+    accumulation_from: str | None,
+) -> tuple[dict[str, Any] | None, str, GradientAccumulationPlugin]:
+    """The DeepSpeed plugins by name (None without DeepSpeed), with the precision and accumulation
+    the Accelerator and every plugin agree on (filled into their "auto" values)."""
+    from accelerando.config import deepspeed
+
+    plugins = deepspeed.plugins_from(
+        *given, use_deepspeed=settings.use_deepspeed, variables=settings.deepspeed_variables
+    )
+    if plugins is None:
+        return None, precision[0], gradient
+    if fsdp_plugin is not None or settings.use_fsdp:
+        raise ValueError("DeepSpeed and FSDP were both asked for; choose one of them")
+    mixed, steps = deepspeed.reconcile(
+        plugins,
+        mixed_precision=precision[0],
+        precision_from=precision[1],
+        gradient_accumulation_steps=int(gradient.num_steps or 1),
+        accumulation_from=accumulation_from,
+    )
+    return plugins, mixed, dataclasses.replace(gradient, num_steps=steps)
+
+
+def _precision_source(argument: Any, settings: env.EnvSettings) -> str | None:
+    """Where an explicit precision came from; the launcher's "no" only restates the default."""
+    if argument is not None:
+        return "Accelerator argument"
+    if settings.mixed_precision not in (None, "no"):
+        return "launcher (ACCELERANDO_MIXED_PRECISION)"
+    return None
+
+
+def _accumulation_source(
+    steps: int, plugin: GradientAccumulationPlugin | None, settings: env.EnvSettings
+) -> str | None:
+    if plugin is not None or steps != 1:
+        return "Accelerator argument"
+    if settings.gradient_accumulation_steps is not None:
+        return "launcher (ACCELERANDO_GRADIENT_ACCUMULATION_STEPS)"
+    return None
 
 
 def _fp8_recipe(
@@ -233,12 +270,24 @@ def resolve(
     rng_types: list[Any] | None,
     fsdp_plugin: Any,
     settings: env.EnvSettings,
+    deepspeed_plugins: tuple[Any, Any] = (None, None),
 ) -> ResolvedConfig:
-    """Validate everything before any work starts; errors name the value and what is accepted."""
-    _refuse_unavailable(settings)
+    """Validate everything before any work starts; errors name the value and what is accepted.
+
+    `deepspeed_plugins` is the pair (deepspeed_plugin, deepspeed_plugins) as the Accelerator got them.
+    """
     handlers = sort_handlers(kwargs_handlers)
     precision = validate_mixed_precision(
         mixed_precision if mixed_precision is not None else settings.mixed_precision
+    )
+    gradient = _gradient_plugin(gradient_accumulation_steps, gradient_accumulation_plugin, settings)
+    ds_plugins, precision, gradient = _deepspeed(
+        deepspeed_plugins,
+        fsdp_plugin,
+        settings,
+        (precision, _precision_source(mixed_precision, settings)),
+        gradient,
+        _accumulation_source(gradient_accumulation_steps, gradient_accumulation_plugin, settings),
     )
     handlers = dataclasses.replace(handlers, fp8=_fp8_recipe(precision, handlers.fp8, settings))
     if handlers.fp8 is not None and precision != "fp8":
@@ -255,7 +304,7 @@ def resolve(
     return ResolvedConfig(
         cpu=cpu or settings.use_cpu,
         mixed_precision=precision,
-        gradient=_gradient_plugin(gradient_accumulation_steps, gradient_accumulation_plugin, settings),
+        gradient=gradient,
         dataloader=dataloader_config or DataLoaderConfiguration(),
         project=project,
         handlers=handlers,
@@ -265,5 +314,6 @@ def resolve(
         rng_types=tuple(str(r) for r in (rng_types or ["generator"])),
         fsdp_plugin=fsdp_plugin,
         use_fsdp=fsdp_plugin is not None or settings.use_fsdp,
-        use_deepspeed=settings.use_deepspeed,
+        use_deepspeed=ds_plugins is not None,
+        deepspeed_plugins=ds_plugins,
     )

@@ -53,7 +53,8 @@ def _feature(
     key = kw.pop("key", name)
     env_name = kw.pop("env_name", prefix_env + key.upper().removeprefix(group.upper() + "_"))
     kw.setdefault("yaml", (f"{yaml_section}.{key}",))
-    return Option(name=name, kind=kind, group=group, help=help, env=env_name, export=True, **kw)
+    kw.setdefault("export", True)
+    return Option(name=name, kind=kind, group=group, help=help, env=env_name, **kw)
 
 
 GENERAL = "General"
@@ -69,7 +70,10 @@ PARALLEL = "ParallelismConfig"
 # What TorchDynamoPlugin accepts (Accelerate's names), spelled as Accelerate's launcher takes them.
 DYNAMO_BACKENDS = tuple(name.lower() for name in DynamoBackend.list())
 
-NO_DEEPSPEED = "DeepSpeed is not available yet in accelerando (issue 21); --use_fsdp shards with FSDP2"
+NO_DEEPSPEED_RUNNER = (
+    "accelerando starts every machine's processes with torchrun's agent (--num_machines, --machine_rank, "
+    "--main_process_ip); DeepSpeed's own multi-node runner (hostfile, include/exclude filters) is not used"
+)
 NO_PARALLELISM = (
     "ParallelismConfig (tensor, context and sequence parallelism, HSDP sizes) is not available yet in "
     "accelerando (issue 24)"
@@ -109,8 +113,7 @@ _CORE: list[Option] = [
        yaml=("dynamo_config.dynamo_use_dynamic",), export=True),
     _o("dynamo_use_regional_compilation", "switch", RESOURCE, "compile repeated blocks once",
        yaml=("dynamo_config.dynamo_use_regional_compilation",), export=True),
-    _o("use_deepspeed", "switch", PARADIGM, "train with DeepSpeed (not available yet: issue 21)", yaml=(),
-       export=True, refused=NO_DEEPSPEED),
+    _o("use_deepspeed", "switch", PARADIGM, "train with DeepSpeed (ZeRO stages 0-3)", yaml=(), export=True),
     _o("use_fsdp", "switch", PARADIGM, "train with FSDP", yaml=(), export=True),
     _o("use_parallelism_config", "switch", PARADIGM, "build a ParallelismConfig from --parallelism_config_* "
        "(not available yet: issue 24)", yaml=(), export=True, refused=NO_PARALLELISM),
@@ -139,34 +142,34 @@ _CORE: list[Option] = [
 
 
 def _ds(name: str, kind: str, help: str, **kw: Any) -> Option:
-    kw.setdefault("refused", NO_DEEPSPEED)
     return _feature("ACCELERANDO_DEEPSPEED_", "deepspeed_config", name, kind, DEEPSPEED, help, **kw)
 
 
 _DEEPSPEED: list[Option] = [
     _ds("deepspeed_config_file", "str", "DeepSpeed JSON config file", env_name="ACCELERANDO_DEEPSPEED_CONFIG_FILE"),
-    _ds("zero_stage", "int", "ZeRO stage 0-3"),
+    _ds("zero_stage", "int", "ZeRO stage 0-3 (default 2)", minimum=0, maximum=3),
     _ds("offload_optimizer_device", "str", "optimizer state offload", choices=("none", "cpu", "nvme"), lower=True),
-    _ds("offload_param_device", "str", "parameter offload", choices=("none", "cpu", "nvme"), lower=True),
+    _ds("offload_param_device", "str", "parameter offload (ZeRO-3)", choices=("none", "cpu", "nvme"), lower=True),
     _ds("offload_optimizer_nvme_path", "str", "NVMe path for optimizer offload"),
     _ds("offload_param_nvme_path", "str", "NVMe path for parameter offload"),
     _ds("gradient_accumulation_steps", "int", "gradient accumulation steps (all strategies read it)",
-        env_name="ACCELERANDO_GRADIENT_ACCUMULATION_STEPS", minimum=1, refused=None),
-    _ds("gradient_clipping", "float", "DeepSpeed's gradient clipping value", env_name="ACCELERANDO_GRADIENT_CLIPPING",
-        refused=NO_DEEPSPEED + "; without it, call accelerator.clip_grad_norm_ in the training loop"),
-    _ds("zero3_init_flag", "bool", "build ZeRO-3 models partitioned (zero.Init)",
+        env_name="ACCELERANDO_GRADIENT_ACCUMULATION_STEPS", minimum=1),
+    _ds("gradient_clipping", "float", "DeepSpeed's gradient clipping (default: clip when clip_grad_norm_ asks)",
+        env_name="ACCELERANDO_GRADIENT_CLIPPING", minimum=0),
+    _ds("zero3_init_flag", "bool", "build ZeRO-3 transformers models partitioned (zero.Init)",
         env_name="ACCELERANDO_DEEPSPEED_ZERO3_INIT"),
-    _ds("zero3_save_16bit_model", "bool", "save a 16-bit model with ZeRO-3"),
-    _ds("deepspeed_hostfile", "str", "DeepSpeed hostfile",
-        env_name="ACCELERANDO_DEEPSPEED_HOSTFILE"),
-    _ds("deepspeed_exclusion_filter", "str", "DeepSpeed exclusion filter",
-        env_name="ACCELERANDO_DEEPSPEED_EXCLUSION_FILTER"),
-    _ds("deepspeed_inclusion_filter", "str", "DeepSpeed inclusion filter",
-        env_name="ACCELERANDO_DEEPSPEED_INCLUSION_FILTER"),
-    _ds("deepspeed_multinode_launcher", "str", "DeepSpeed multi-node runner",
-        choices=("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"),
-        env_name="ACCELERANDO_DEEPSPEED_MULTINODE_LAUNCHER"),
-    _ds("deepspeed_moe_layer_cls_names", "str", "MoE layer class names, comma separated",
+    _ds("zero3_save_16bit_model", "bool", "ZeRO-3: gather 16-bit weights when saving the model"),
+    _ds("deepspeed_hostfile", "str", "DeepSpeed runner hostfile (not used: torchrun starts the processes)",
+        env_name="ACCELERANDO_DEEPSPEED_HOSTFILE", refused=NO_DEEPSPEED_RUNNER),
+    _ds("deepspeed_exclusion_filter", "str", "DeepSpeed runner exclusion filter (not used)",
+        env_name="ACCELERANDO_DEEPSPEED_EXCLUSION_FILTER", refused=NO_DEEPSPEED_RUNNER),
+    _ds("deepspeed_inclusion_filter", "str", "DeepSpeed runner inclusion filter (not used)",
+        env_name="ACCELERANDO_DEEPSPEED_INCLUSION_FILTER", refused=NO_DEEPSPEED_RUNNER),
+    _ds("deepspeed_multinode_launcher", "str", "multi-node runner: only 'standard' (torchrun) is used",
+        choices=("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm"), export=False,
+        env_name=None, refused_values={k: NO_DEEPSPEED_RUNNER for k in ("pdsh", "openmpi", "mvapich", "mpich",
+                                                                       "nossh", "slurm")}),
+    _ds("deepspeed_moe_layer_cls_names", "str", "MoE layer class names, comma separated (ZeRO-3 leaf modules)",
         env_name="ACCELERANDO_DEEPSPEED_MOE_LAYER_CLS_NAMES"),
 ]  # fmt: skip
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from accelerando.config import env as envmod
 from accelerando.config.yaml_config import ConfigFile
-from accelerando.launch.flags import BY_NAME, FP8, FSDP, OPTIONS, Option
+from accelerando.launch.flags import BY_NAME, DEEPSPEED, FP8, FSDP, OPTIONS, Option
 
 DEFAULT = "default"
 # Shown in the printout even when they kept their default.
@@ -280,6 +280,7 @@ def resolve(
     _check_precision(r, detected)
     _check_compile_backend(r, compile_backends)
     _check_fsdp(r)
+    _check_deepspeed(r)
     r = _resolve_device(r, detected)
     r = _resolve_counts(r, detected)
     r = _resolve_network(r, port_is_free, free_port)
@@ -333,6 +334,59 @@ def _check_fsdp(r: Resolved) -> None:
             fsdp.check_settings(exported)
         except ValueError as err:
             raise ValueError(f"FSDP settings: {err}") from None
+
+
+# DeepSpeed-group settings that every strategy reads, or that are only accepted (no effect).
+_DEEPSPEED_SHARED = ("gradient_accumulation_steps", "deepspeed_multinode_launcher")
+
+
+def _check_deepspeed(r: Resolved) -> None:
+    """DeepSpeed settings need --use_deepspeed; then they are checked as each process's plugin will
+    check them (config file readable, fields agreeing with it, precision and accumulation agreeing)."""
+    given_ds = [
+        o.name
+        for o in OPTIONS
+        if o.group == DEEPSPEED and given(r, o.name) and o.name not in _DEEPSPEED_SHARED
+    ]
+    if not r["use_deepspeed"]:
+        if given_ds:
+            name = given_ds[0]
+            hint = (
+                "; without DeepSpeed call accelerator.clip_grad_norm_ in the loop"
+                if name == "gradient_clipping"
+                else ""
+            )
+            raise ValueError(f"{_label(name, r.sources[name])} has no effect without --use_deepspeed{hint}")
+        return
+    if r["use_fsdp"]:
+        raise ValueError("--use_deepspeed and --use_fsdp exclude each other; choose one")
+    from accelerando.config import deepspeed
+
+    if given(r, "deepspeed_config_file"):
+        try:
+            deepspeed.HfDeepSpeedConfig(r["deepspeed_config_file"])
+        except ValueError as err:
+            raise ValueError(
+                f"{_label('deepspeed_config_file', r.sources['deepspeed_config_file'])}: {err}"
+            ) from None
+    exported = {
+        o.env: _text(r[o.name]) for o in OPTIONS if o.group == DEEPSPEED and o.env and given(r, o.name)
+    }
+    precision, where = r["mixed_precision"], r.sources["mixed_precision"]
+    steps_where = r.sources["gradient_accumulation_steps"]
+    try:
+        deepspeed.check_settings(
+            exported,
+            mixed_precision=precision,
+            precision_from=_label("mixed_precision", where)
+            if where != DEFAULT and precision != "no"
+            else None,
+            accumulation_from=_label("gradient_accumulation_steps", steps_where)
+            if given(r, "gradient_accumulation_steps")
+            else None,
+        )
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"DeepSpeed settings: {err}") from None
 
 
 def parse_tee(text: str) -> Any:

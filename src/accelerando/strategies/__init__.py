@@ -1,4 +1,4 @@
-"""Distribution strategies: single device, DDP, FSDP2 (and DeepSpeed next), chosen by registry."""
+"""Distribution strategies: single device, DDP, FSDP2, DeepSpeed, chosen by registry."""
 
 from accelerando.strategies.base import Capabilities, Prepared, PrepareRequest, Strategy, StrategyContext
 from accelerando.strategies.registry import STRATEGIES, build_strategy, strategy_class

@@ -105,6 +105,11 @@ class Strategy:
         """How this strategy lays the ranks out: every rank a replica (data parallel)."""
         return MeshShape.resolve(topology.world_size, dp_replicate=-1, dp_shard=1)
 
+    @classmethod
+    def adapt_precision(cls, precision: Precision) -> Precision:
+        """The precision the facade drives (an engine that casts and scales itself swaps in a no-op one)."""
+        return precision
+
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.NO
@@ -199,6 +204,9 @@ class Strategy:
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> bool:
         return self.ctx.precision.step(optimizer, closure)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        optimizer.zero_grad(set_to_none=set_to_none)
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0

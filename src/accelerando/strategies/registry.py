@@ -1,8 +1,6 @@
 """Strategies by name; a new backend is a new file and one line here.
 
 Entries are loaders, so a strategy's module (and its torch imports) loads only when chosen.
-A name whose backend does not exist yet is listed with the reason, so asking for it is refused
-with a clear message instead of silently training something else.
 """
 
 from __future__ import annotations
@@ -31,21 +29,17 @@ def _fsdp2() -> type[Strategy]:
     return FSDP2Strategy
 
 
-def _not_available(what: str, issue: int) -> Callable[[], type[Strategy]]:
-    def refuse() -> type[Strategy]:
-        raise ValueError(
-            f"{what} is not available yet in accelerando (tracked in issue {issue}); "
-            f"train without it (DDP or FSDP) until it lands"
-        )
+def _deepspeed() -> type[Strategy]:
+    from accelerando.strategies.deepspeed import DeepSpeedStrategy
 
-    return refuse
+    return DeepSpeedStrategy
 
 
 STRATEGIES: dict[str, Callable[[], type[Strategy]]] = {
     "single_device": _single_device,
     "ddp": _ddp,
     "fsdp2": _fsdp2,
-    "deepspeed": _not_available("DeepSpeed", 21),
+    "deepspeed": _deepspeed,
 }
 
 

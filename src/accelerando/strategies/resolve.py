@@ -38,10 +38,12 @@ def resolve_strategy(
     precision: Precision,
     backend: str | None,
 ) -> Strategy:
-    """Build the strategy and the mesh it lays the ranks out on (validated here, built lazily)."""
+    """Build the strategy and the mesh it lays the ranks out on (validated here, built lazily); the
+    facade drives `strategy.ctx.precision` (the strategy may replace the one it was given)."""
     cls = strategy_class(strategy_name(config, topology.world_size))
     options = cls.options(config)
     shape = cls.mesh_shape(topology, **options)
     mesh = ParallelMesh(shape, rank=topology.rank, device_type=device.type)
+    precision = cls.adapt_precision(precision)
     ctx = StrategyContext(device=device, topology=topology, precision=precision, backend=backend, mesh=mesh)
     return cls(ctx, **options)

@@ -27,6 +27,14 @@ from accelerando.utils.constants import (
     WEIGHTS_PATTERN_NAME,
 )
 from accelerando.utils.dataclasses import *  # noqa: F403 - one list of names, kept there
+from accelerando.utils.deepspeed import (
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+    GatheredParameters,
+    HfDeepSpeedConfig,
+    get_active_deepspeed_plugin,
+)
 from accelerando.utils.environment import (
     convert_dict_to_env_variables,
     parse_flag_from_env,

@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass
 
 from accelerando.config import env
+from accelerando.config.deepspeed import DeepSpeedPlugin
 from accelerando.config.fsdp import (
     FullyShardedDataParallelPlugin,
     get_module_class_from_name,  # noqa: F401 - peft imports it from here
@@ -146,6 +147,7 @@ __all__ = [
     "ComputeEnvironment",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedType",

@@ -29,6 +29,7 @@ from accelerando.ops.tree import (
     send_to_device,
     slice_tensors,
 )
+from accelerando.utils.deepspeed import GatheredParameters  # noqa: F401 - Accelerate exports it here
 
 
 def listify(data: Any) -> Any:

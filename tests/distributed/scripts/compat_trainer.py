@@ -13,18 +13,12 @@ Rank 0 writes `<mode>.json` (losses per step, checks' numbers, seconds) and `<mo
 (final weights) into the folder it is given; the test compares the two modes.
 """
 
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 
-# transformers imports `accelerate.utils.deepspeed` whenever the deepspeed package is installed.
-# Until the DeepSpeed strategy (issue 21) provides that module, run as on a machine without it.
-if importlib.util.find_spec("accelerando.utils.deepspeed") is None:
-    sys.modules["deepspeed"] = None  # type: ignore[assignment]
-
-import accelerando  # noqa: E402
+import accelerando
 
 accelerando.as_accelerate()
 

@@ -21,10 +21,6 @@ from accelerando.config import env
 SCRIPT = textwrap.dedent(
     """
     import importlib.util, json, re, sys, traceback
-    if importlib.util.find_spec("accelerando.utils.deepspeed") is None:
-        # transformers imports accelerate.utils.deepspeed whenever deepspeed is installed; until
-        # the DeepSpeed strategy (issue 21) brings that module, run as without deepspeed.
-        sys.modules["deepspeed"] = None
     import accelerando
     accelerando.as_accelerate()
     import torch

@@ -69,7 +69,7 @@ def test_bad_answers_are_asked_again_naming_the_value_and_what_is_accepted(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     cfg, script = run(
-        "5", "9", "2",  # kind: DeepSpeed refused, 9 unknown, then several CPU processes
+        "9", "2",  # kind: 9 unknown, then several CPU processes
         "-3", "2",  # machines
         "2", "0", "127.0.0.1 10.0.0.2", "10.0.0.1", "70000", "29511", "etcd", "static",  # rank, ip, port, rdzv
         "0", "3", "4",  # processes: at least 1, a multiple of 2 machines
@@ -78,8 +78,7 @@ def test_bad_answers_are_asked_again_naming_the_value_and_what_is_accepted(
     )  # fmt: skip
     err = capsys.readouterr().err
     for message in [
-        "'5' is not accepted: DeepSpeed is not available yet in accelerando (issue 21)",
-        "'9' is not accepted: answer one of 1, 2, 3, 4",
+        "'9' is not accepted: answer one of 1, 2, 3, 4, 5",
         "'-3' is not accepted: answer: num_machines=-3 must be at least 1",
         "'2' is not accepted: machine ranks are 0 to 1",
         "'127.0.0.1 10.0.0.2' is not accepted: give one host name or IP address",
@@ -157,3 +156,37 @@ def test_the_command_writes_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
         4,
         "fp16",
     )
+
+
+def test_deepspeed_answers_write_accelerates_section_and_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, _ = run(
+        "5", "", "",  # DeepSpeed, one machine, 2 processes
+        "no", "4", "3",  # no JSON file; stage 4 refused, then 3
+        "cpu", "nvme", "/nvme/p",  # offloads
+        "2", "yes", "1.0",  # accumulation, clipping
+        "no", "yes",  # zero3_init_flag, 16-bit save
+        "bf16", "",
+    )  # fmt: skip
+    assert "'4' is not accepted: answer: zero_stage=4 must be between 0 and 3" in capsys.readouterr().err
+    assert cfg["distributed_type"] == "DEEPSPEED" and cfg["deepspeed_config"] == {
+        "zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "nvme",
+        "offload_param_nvme_path": "/nvme/p", "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+        "zero3_init_flag": False, "zero3_save_16bit_model": True,
+    }  # fmt: skip
+    path = save_config(cmd.check_launchable(cfg, tmp_path / "ds.yaml"), tmp_path / "ds.yaml")
+    loaded = load_config(path).values
+    assert (
+        loaded["use_deepspeed"] is True and loaded["zero_stage"] == 3 and loaded["gradient_clipping"] == 1.0
+    )
+
+    ds_json = tmp_path / "ds.json"
+    ds_json.write_text('{"zero_optimization": {"stage": 3}}')
+    cfg, script = run("5", "", "", "yes", str(tmp_path / "nope.json"), str(ds_json), "yes", "no", "", "")
+    assert "cannot read the DeepSpeed config file" in capsys.readouterr().err
+    assert cfg["deepspeed_config"] == {
+        "deepspeed_config_file": str(ds_json), "zero3_init_flag": True, "zero3_save_16bit_model": False,
+    }  # fmt: skip
+    assert not any("ZeRO stage" in p for p in script.prompts)  # the file says it
+    cmd.check_launchable(cfg, tmp_path / "ds2.yaml")

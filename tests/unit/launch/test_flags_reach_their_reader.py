@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from accelerando.config import env
+from accelerando.config.deepspeed import DeepSpeedPlugin
 from accelerando.config.fsdp import FullyShardedDataParallelPlugin, settings_from_env
 from accelerando.config.options import DynamoBackend
 from accelerando.config.resolve import ResolvedConfig
@@ -60,7 +61,7 @@ def accelerator_config(path: str) -> Reader:
         )  # fmt: skip
         assert isinstance(config, ResolvedConfig)
         for part in path.split("."):
-            config = getattr(config, part)
+            config = config[part] if isinstance(config, dict) else getattr(config, part)
         return config
 
     return read
@@ -72,6 +73,16 @@ def fsdp_plugin(field: str) -> Reader:
     def read(r: Resolved, exported: dict[str, str]) -> Any:
         with env.patch_environment(**exported):
             return getattr(FullyShardedDataParallelPlugin(), field)
+
+    return read
+
+
+def deepspeed_plugin(field: str) -> Reader:
+    """A field of the DeepSpeed plugin built in a process that received these variables."""
+
+    def read(r: Resolved, exported: dict[str, str]) -> Any:
+        with env.patch_environment(**exported):
+            return getattr(DeepSpeedPlugin(), field)
 
     return read
 
@@ -116,9 +127,12 @@ class NoEffect:
     """Accepted for Accelerate's files, where it always appears, and documented as having no effect."""
 
     why: str
+    value: Any = True
+    also: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-NO_DS = "DeepSpeed is not available yet in accelerando (issue 21)"
+NO_DS_RUNNER = "DeepSpeed's own multi-node runner (hostfile, include/exclude filters) is not used"
+DS = {"use_deepspeed": True}
 NO_PC = "is not available yet in accelerando (issue 24)"
 NO_TE = "Transformer Engine fp8 is not available yet in accelerando (issue 22)"
 NO_MSAMP = "MS-AMP fp8 is not available yet in accelerando (issue 22)"
@@ -142,7 +156,7 @@ ROWS: dict[str, list[Reaches | Refused | NoEffect]] = {
     "dynamo_use_regional_compilation": [
         Reaches(True, accelerator_config("dynamo.use_regional_compilation"), True)
     ],
-    "use_deepspeed": [Refused(True, NO_DS)],
+    "use_deepspeed": [Reaches(True, accelerator_config("deepspeed_plugins.default.zero_stage"), 2)],
     "use_fsdp": [Reaches(True, accelerator_config("use_fsdp"), True)],
     "use_parallelism_config": [Refused(True, NO_PC)],
     "use_megatron_lm": [Refused(True, "does not launch Megatron-LM")],
@@ -163,7 +177,53 @@ ROWS: dict[str, list[Reaches | Refused | NoEffect]] = {
     "max_restarts": [Reaches(2, agent(lambda lc: lc.max_restarts), 2)],
     "monitor_interval": [Reaches(0.5, agent(lambda lc: lc.monitor_interval), 0.5)],
     "gradient_accumulation_steps": [Reaches(4, accelerator_config("gradient.num_steps"), 4)],
-    "gradient_clipping": [Refused(1.0, "clip_grad_norm_")],
+    "gradient_clipping": [
+        Reaches(0.5, deepspeed_plugin("gradient_clipping"), 0.5, also=DS),
+        Refused(
+            1.0, "has no effect without --use_deepspeed; without DeepSpeed call accelerator.clip_grad_norm_"
+        ),
+    ],
+    "deepspeed_config_file": [
+        Refused("/nonexistent/ds.json", "cannot read the DeepSpeed config file", also=DS)
+    ],
+    "zero_stage": [
+        Reaches(
+            3,
+            accelerator_config("deepspeed_plugins.default.deepspeed_config.zero_optimization.stage"),
+            3,
+            also=DS,
+        ),
+        Refused(1, "--zero_stage has no effect without --use_deepspeed"),
+    ],
+    "offload_optimizer_device": [
+        Reaches("cpu", deepspeed_plugin("offload_optimizer_device"), "cpu", also=DS)
+    ],
+    "offload_param_device": [Reaches("cpu", deepspeed_plugin("offload_param_device"), "cpu", also=DS)],
+    "offload_optimizer_nvme_path": [
+        Reaches("/nvme/o", deepspeed_plugin("offload_optimizer_nvme_path"), "/nvme/o", also=DS)
+    ],
+    "offload_param_nvme_path": [
+        Reaches("/nvme/p", deepspeed_plugin("offload_param_nvme_path"), "/nvme/p", also=DS)
+    ],
+    "zero3_init_flag": [
+        Reaches(False, deepspeed_plugin("zero3_init_flag"), False, also={**DS, "zero_stage": 3})
+    ],
+    "zero3_save_16bit_model": [Reaches(True, deepspeed_plugin("zero3_save_16bit_model"), True, also=DS)],
+    "deepspeed_moe_layer_cls_names": [
+        Reaches(
+            "MixtralSparseMoeBlock",
+            deepspeed_plugin("transformer_moe_cls_names"),
+            "MixtralSparseMoeBlock",
+            also=DS,
+        )
+    ],
+    "deepspeed_hostfile": [Refused("/etc/hosts", NO_DS_RUNNER, also=DS)],
+    "deepspeed_inclusion_filter": [Refused("node1", NO_DS_RUNNER, also=DS)],
+    "deepspeed_exclusion_filter": [Refused("node2", NO_DS_RUNNER, also=DS)],
+    "deepspeed_multinode_launcher": [
+        NoEffect("torchrun's agent is the 'standard' launcher accelerando always uses", "standard", DS),
+        Refused("pdsh", NO_DS_RUNNER, also=DS),
+    ],
     "fsdp_version": [Reaches(1, lambda r, exported: settings_from_env(exported)["fsdp_version"], 1)],
     "fsdp_offload_params": [Reaches(True, fsdp_plugin("cpu_offload"), "CPUOffloadPolicy")],
     "fsdp_min_num_params": [Reaches(1000, fsdp_plugin("min_num_params"), 1000)],
@@ -210,10 +270,10 @@ ROWS: dict[str, list[Reaches | Refused | NoEffect]] = {
     ],
 }
 _SAMPLE = {"switch": True, "bool": True, "int": 1, "float": 1.0, "str": "x"}
-for _opt in OPTIONS:  # every other DeepSpeed and ParallelismConfig option: refused whatever its value
+for _opt in OPTIONS:  # every other ParallelismConfig option: refused whatever its value
     if _opt.name not in ROWS and _opt.refused:
         sample = _opt.choices[0] if _opt.choices else _SAMPLE[_opt.kind]
-        ROWS[_opt.name] = [Refused(sample, NO_DS if _opt.group == "DeepSpeed" else NO_PC)]
+        ROWS[_opt.name] = [Refused(sample, NO_PC)]
 
 CASES = [
     pytest.param(name, row, id=f"{name}-{i}") for name, rows in ROWS.items() for i, row in enumerate(rows)
@@ -228,8 +288,8 @@ def test_every_option_has_a_row() -> None:
 @pytest.mark.parametrize(("name", "row"), CASES)
 def test_option_reaches_its_reader_or_is_refused(name: str, row: Reaches | Refused | NoEffect) -> None:
     if isinstance(row, NoEffect):
-        r = launch({name: True})
-        assert r[name] is True and not BY_NAME[name].export  # accepted, handed to nobody
+        r = launch({**row.also, name: row.value})
+        assert r[name] == row.value and not BY_NAME[name].export  # accepted, handed to nobody
         return
     if isinstance(row, Refused):
         with pytest.raises(ValueError, match=f"--{name}") as err:
@@ -246,27 +306,62 @@ def test_option_reaches_its_reader_or_is_refused(name: str, row: Reaches | Refus
     assert seen == row.expected
 
 
-def test_refusals_name_the_config_key_or_variable(tmp_path: Path) -> None:
+def test_deepspeed_from_a_config_file_or_the_environment_reaches_the_process(tmp_path: Path) -> None:
+    """Accelerate's DEEPSPEED config file and ACCELERATE_USE_DEEPSPEED both give each process a plugin."""
     from accelerando.config.yaml_config import load_config
 
     path = tmp_path / "ds.yaml"
-    path.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\nnum_processes: 2\n")
-    with pytest.raises(
-        ValueError, match=r"use_deepspeed \(from config .*distributed_type: DEEPSPEED\)\): DeepSpeed"
-    ):
-        resolve({}, {}, load_config(path), CPU)
-    with pytest.raises(ValueError, match=r"use_deepspeed \(from env ACCELERATE_USE_DEEPSPEED\): DeepSpeed"):
-        resolve({}, {"ACCELERATE_USE_DEEPSPEED": "1"}, None, CPU)
+    path.write_text(
+        "distributed_type: DEEPSPEED\nmixed_precision: 'no'\nnum_processes: 2\ndeepspeed_config:\n"
+        "  zero_stage: 3\n  offload_param_device: cpu\n  zero3_init_flag: false\n"
+        "  gradient_accumulation_steps: 4\n  deepspeed_multinode_launcher: standard\n"
+    )
+    r = resolve({}, {}, load_config(path), CPU)
+    assert r["use_deepspeed"] is True and "distributed_type: DEEPSPEED" in r.sources["use_deepspeed"]
+    exported = child_exports(r, "cpu")
+    plugin = accelerator_config("deepspeed_plugins.default")(r, exported)
+    assert (plugin.zero_stage, plugin.offload_param_device, plugin.zero3_init_flag) == (3, "cpu", False)
+    assert accelerator_config("gradient.num_steps")(r, exported) == 4
+    assert accelerator_config("use_deepspeed")(launch({}), {"ACCELERATE_USE_DEEPSPEED": "true"}) is True
+    assert resolve({}, {"ACCELERATE_USE_DEEPSPEED": "false"}, None, CPU)["use_deepspeed"] is False
     with pytest.raises(
         ValueError, match=r"parallelism_config_tp_size \(from env PARALLELISM_CONFIG_TP_SIZE\)"
     ):
         resolve({}, {"PARALLELISM_CONFIG_TP_SIZE": "2"}, None, CPU)
-    assert resolve({}, {"ACCELERATE_USE_DEEPSPEED": "false"}, None, CPU)["use_deepspeed"] is False
 
 
-def test_a_process_told_to_use_deepspeed_refuses_instead_of_training_ddp() -> None:
-    with pytest.raises(ValueError, match=r"DeepSpeed is not available yet in accelerando \(issue 21\)"):
-        accelerator_config("cpu")(launch({}), {"ACCELERATE_USE_DEEPSPEED": "true"})
+def test_deepspeed_settings_are_checked_at_launch_as_each_process_will(tmp_path: Path) -> None:
+    """A config file contradicting a flag, precision or accumulation stops the launch, naming both."""
+    ds_json = tmp_path / "ds.json"
+    ds_json.write_text(
+        '{"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}, "gradient_accumulation_steps": 4}'
+    )
+    base = {**DS, "deepspeed_config_file": str(ds_json)}
+    assert launch(base)["deepspeed_config_file"] == str(ds_json)  # agreeing settings launch
+    for cli, message in [
+        (
+            {"zero_stage": 3},
+            "DeepSpeedPlugin zero_stage=3 contradicts the DeepSpeed config's zero_optimization.stage=2",
+        ),
+        (
+            {"mixed_precision": "fp16"},
+            "mixed_precision='fp16' (--mixed_precision) contradicts DeepSpeed plugin",
+        ),
+        (
+            {"gradient_accumulation_steps": 2},
+            "gradient_accumulation_steps=2 contradicts the DeepSpeed config's gradient_accumulation_steps=4",
+        ),
+        ({"use_fsdp": True}, "--use_deepspeed and --use_fsdp exclude each other"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            launch({**base, **cli})
+        assert message in str(err.value), err.value
+    ds_json.write_text("{not json")
+    with pytest.raises(ValueError, match=r"--deepspeed_config_file: .* is not valid JSON"):
+        launch(base)
+
+
+def test_a_process_told_to_use_an_unavailable_fp8_backend_refuses() -> None:
     with pytest.raises(ValueError, match=r"fp8 backend 'te'.*issue 22"):
         accelerator_config("cpu")(
             launch({}), {"ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "TE"}
@@ -336,7 +431,7 @@ def test_cli_refuses_with_exit_code_2_before_starting_anything(
     script.write_text("print('never')\n")
     for argv, message in [
         (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps=0 must be at least 1"),
-        (["--use_deepspeed"], "--use_deepspeed: DeepSpeed is not available yet in accelerando (issue 21)"),
+        (["--zero_stage", "5", "--use_deepspeed"], "--zero_stage: zero_stage=5 must be between 0 and 3"),
         (["--fp8_backend", "te", "--mixed_precision", "fp8"], "--fp8_backend=te: Transformer Engine fp8"),
         (["--fsdp_state_dict_type", "LOCAL_STATE_DICT"], "LOCAL_STATE_DICT is FSDP1's flat-parameter format"),
         (["--enable_cpu_affinity", "--no_python"], "--enable_cpu_affinity pins Python processes"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -91,16 +90,20 @@ def test_every_combination_picks_one_strategy_and_its_mesh(world: int, device: s
 
 
 @pytest.mark.parametrize("world", [1, 2, 8])
-@pytest.mark.parametrize("fsdp", [False, True])
-def test_deepspeed_is_refused_not_silently_replaced(world: int, fsdp: bool) -> None:
-    """Refused once the launcher's request is resolved, and again by the registry if it gets that far."""
-    extra = FSDP_ENV if fsdp else {}
-    with pytest.raises(ValueError, match=r"DeepSpeed is not available yet .*issue 21"):
-        config({**DS_ENV, **extra})
-    cfg = dataclasses.replace(config(extra), use_deepspeed=True)
-    assert strategy_name(cfg, world) == "deepspeed"
-    with pytest.raises(ValueError, match=r"DeepSpeed is not available yet .*issue 21"):
-        build(cfg, topology(world))
+def test_deepspeed_from_the_launcher_builds_the_deepspeed_strategy(world: int) -> None:
+    """The launcher's request gives a DeepSpeed strategy (never DDP), sharding over every rank, whose
+    engines own precision; asking for FSDP as well is refused naming both."""
+    from accelerando.strategies.deepspeed import DeepSpeedStrategy, EnginePrecision
+
+    cfg = config({**DS_ENV, "ACCELERANDO_DEEPSPEED_ZERO_STAGE": "3"})
+    assert strategy_name(cfg, world) == "deepspeed" and cfg.use_deepspeed
+    strategy = build(cfg, topology(world, world - 1))
+    assert type(strategy) is DeepSpeedStrategy and strategy.distributed_type == DistributedType.DEEPSPEED
+    assert strategy.ctx.mesh.shape == MeshShape(dp_shard=world)
+    assert isinstance(strategy.ctx.precision, EnginePrecision) and not strategy.ctx.precision.wraps_forward
+    assert strategy.plugin.zero_stage == 3 and list(strategy.plugins) == ["default"]
+    with pytest.raises(ValueError, match="DeepSpeed and FSDP were both asked for"):
+        config({**DS_ENV, **FSDP_ENV})
 
 
 def test_ddp_kwargs_reach_the_ddp_strategy() -> None:
