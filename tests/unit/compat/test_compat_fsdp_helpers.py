@@ -89,18 +89,18 @@ def test_loading_the_other_format_names_what_is_missing(tmp_path: Path) -> None:
         load_fsdp_model(sharded, accelerator, model, tmp_path)
 
 
-@pytest.mark.parametrize(
-    "name", ["deepspeed_plugin", "deepspeed_plugins", "torch_tp_plugin", "megatron_lm_plugin"]
-)
+@pytest.mark.parametrize("name", ["torch_tp_plugin", "megatron_lm_plugin", "parallelism_config"])
 def test_engine_arguments_accept_none_and_refuse_a_value(name: str) -> None:
     Accelerator(cpu=True, **{name: None})  # what transformers' Trainer passes every time
     with pytest.raises(NotImplementedError, match=rf"{name}=object.*not available yet"):
         Accelerator(cpu=True, **{name: object()})
 
 
-def test_deepspeed_refusal_names_its_issue() -> None:
-    with pytest.raises(NotImplementedError, match="issue 21"):
-        Accelerator(cpu=True, deepspeed_plugin=object())
+@pytest.mark.parametrize("name", ["deepspeed_plugin", "deepspeed_plugins"])
+def test_deepspeed_arguments_accept_none_and_name_a_wrong_type(name: str) -> None:
+    Accelerator(cpu=True, **{name: None})  # what transformers' Trainer passes every time
+    with pytest.raises(TypeError, match="must be a DeepSpeedPlugin, got object"):
+        Accelerator(cpu=True, **{name: object()})
 
 
 def test_state_objects_pickle_as_views_of_this_process() -> None:

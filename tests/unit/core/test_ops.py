@@ -18,7 +18,7 @@ def test_tree_helpers_keep_containers():
     assert moved["x"][0].device.type == "cpu"
     cat = concatenate([{"a": torch.ones(1, 2)}, {"a": torch.zeros(2, 2)}])
     assert cat["a"].shape == (3, 2)
-    with pytest.raises(TypeError, match="only nested"):
+    with pytest.raises(TypeError, match="Only nested"):
         recursively_apply(lambda t: t, object(), error_on_other_type=True)
 
 
