@@ -34,10 +34,14 @@ from accelerando.utils.environment import (
 )
 from accelerando.utils.fsdp_merge import merge_fsdp_weights
 from accelerando.utils.imports import (
+    is_aim_available,
     is_bf16_available,
+    is_clearml_available,
+    is_comet_ml_available,
     is_cuda_available,
     is_datasets_available,
     is_deepspeed_available,
+    is_dvclive_available,
     is_fp8_available,
     is_fp16_available,
     is_hpu_available,
@@ -48,11 +52,13 @@ from accelerando.utils.imports import (
     is_pytest_available,
     is_rich_available,
     is_safetensors_available,
+    is_swanlab_available,
     is_tensorboard_available,
     is_torch_xla_available,
     is_torchao_available,
     is_torchdata_stateful_dataloader_available,
     is_tqdm_available,
+    is_trackio_available,
     is_transformers_available,
     is_wandb_available,
     is_xpu_available,
