@@ -45,7 +45,9 @@ class _Empty:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
@@ -69,7 +71,9 @@ def main() -> None:
     try:  # Accelerate's own state creates the process group first (as in benchmarks/dataloader.py)
         import accelerate
 
-        theirs = accelerate.Accelerator(cpu=True, log_with="tensorboard", project_dir=os.path.join(out, "theirs"))
+        theirs = accelerate.Accelerator(
+            cpu=True, log_with="tensorboard", project_dir=os.path.join(out, "theirs")
+        )
         theirs.init_trackers("bench")
         accelerate_log = theirs.log
     except ImportError:
@@ -82,13 +86,17 @@ def main() -> None:
     if rank == 1:
         rows["accelerando Accelerator.log"] = per_call_ns(lambda: acc.log(values), args.calls, args.rounds)
         if accelerate_log is not None:
-            rows["accelerate Accelerator.log"] = per_call_ns(lambda: accelerate_log(values), args.calls, args.rounds)
+            rows["accelerate Accelerator.log"] = per_call_ns(
+                lambda: accelerate_log(values), args.calls, args.rounds
+            )
     else:  # the main process really writes: fewer calls
         rows["accelerando Accelerator.log"] = per_call_ns(lambda: acc.log(values), 2_000, 3)
     gathered: list[dict[str, float] | None] = [None, None]
     dist.all_gather_object(gathered, rows)
     if rank == 0:
-        print(f"\nAccelerator.log({json.dumps(values)}) with TensorBoard + one custom tracker, 2 processes (gloo, CPU)")
+        print(
+            f"\nAccelerator.log({json.dumps(values)}) with TensorBoard + one custom tracker, 2 processes (gloo, CPU)"
+        )
         print(f"{'':32s} {'rank 1 (ns/call)':>17s} {'rank 0 (ns/call)':>17s}")
         for name in gathered[1] or {}:
             main_ns = (gathered[0] or {}).get(name)

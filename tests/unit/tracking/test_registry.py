@@ -129,3 +129,24 @@ def test_public_module_matches_accelerate():
         "TrackioTracker",
     ):
         assert hasattr(accelerate_tracking, name) and hasattr(tracking, name), name
+
+
+def test_availability_probes_match_accelerate():
+    accelerate_utils = pytest.importorskip("accelerate.utils")
+    import accelerando.utils as ours
+
+    for sdk in (
+        "aim",
+        "comet_ml",
+        "clearml",
+        "dvclive",
+        "mlflow",
+        "swanlab",
+        "tensorboard",
+        "trackio",
+        "wandb",
+    ):
+        name = f"is_{sdk}_available"
+        assert hasattr(accelerate_utils, name) and getattr(ours, name)() == bool(
+            getattr(accelerate_utils, name)()
+        ), name

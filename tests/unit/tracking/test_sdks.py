@@ -105,10 +105,11 @@ def _wandb_records(path: str):
 
 
 def test_wandb_offline(tmp_path):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from wandb.proto import wandb_internal_pb2 as pb
 
     drive("wandb", tmp_path, init_kwargs={"wandb": {"dir": str(tmp_path)}})
+    wandb.teardown()  # run.finish() returns before W&B's service has written everything; this waits
     (path,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     history, config = {}, {}
     for raw in _wandb_records(path):
