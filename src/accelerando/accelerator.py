@@ -32,6 +32,7 @@ from accelerando.precision import build_precision
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState, GradientState, configure_gradient
 from accelerando.strategies import PrepareRequest, resolve_strategy
+from accelerando.tracking.session import TrackingSession
 
 
 def _from_state(name: str) -> Any:
@@ -63,6 +64,7 @@ class Accelerator(ConfigViews):
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
         rng_types: list[Any] | None = None,
+        log_with: Any = None,
         project_dir: str | None = None,
         project_config: ProjectConfiguration | None = None,
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
@@ -102,6 +104,7 @@ class Accelerator(ConfigViews):
         self._objects = TrainingObjects(
             gradient=self._runtime.gradient, device_kind=self._runtime.device_kind
         )
+        self._tracking = TrackingSession(log_with, self.logging_dir, self._objects, self.is_main_process)
         self._checkpointer_instance: Any = None
         self.flag_tensor: torch.Tensor | None = None
 
@@ -436,8 +439,11 @@ class Accelerator(ConfigViews):
         """`torch.profiler.profile` configured by `ProfileKwargs` (argument, else kwargs_handlers)."""
         from accelerando.profiling import profile
 
-        with profile(profile_handler or self.profile_handler, self.process_index) as prof:
+        handler = profile_handler or self.profile_handler
+        with profile(handler, self.process_index) as prof:
             yield prof
+        if handler is not None and handler.output_trace_dir:
+            self.wait_for_everyone()  # every rank's trace is on disk when any rank goes on
 
     # ---- collectives -----------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
@@ -512,8 +518,34 @@ class Accelerator(ConfigViews):
     clear = free_memory
 
     def end_training(self) -> None:
+        """Tear the process group down together, then finish this rank's trackers: no rank ever
+        waits on another's tracker. A tracker that failed (here or in `log`) raises TrackerError."""
         self.wait_for_everyone()
         self.state.destroy_process_group()
+        error = self._tracking.finish()
+        if error is not None:
+            raise error
+
+    # ---- experiment tracking: accelerando.tracking does the work ---------------------------
+    @property
+    def log_with(self) -> list[Any]:
+        return self._tracking.log_with
+
+    @property
+    def trackers(self) -> list[Any]:
+        return self._tracking.trackers
+
+    def init_trackers(self, project_name: str, config: Any = None, init_kwargs: dict | None = None) -> None:
+        """Build every `log_with` tracker; the main process starts its runs and stores `config`."""
+        self._tracking.init(project_name, config, init_kwargs)
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Log `values` at `step`, or at the next step of a counter that checkpoints carry."""
+        self._tracking.log(values, step, log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker named `name` (its SDK run with `unwrap=True`; an inert one off the main process)."""
+        return self._tracking.get(name, unwrap)
 
     # ---- checkpoints: accelerando.checkpoint does the work ----------------------------------
     def _checkpointer(self) -> Any:

@@ -20,11 +20,14 @@ _ACTIVITIES = {
 }
 
 
-def profiler_activities(names: list[str] | None) -> list[Any]:
+def profiler_activities(names: list[str] | None) -> list[Any] | None:
+    """The `ProfilerActivity` values for `names`; None (torch's default: every available one) for None."""
     from torch.profiler import ProfilerActivity
 
+    if names is None:
+        return None
     chosen = []
-    for name in names or ["cpu"]:
+    for name in names:
         attr = _ACTIVITIES.get(str(name).lower())
         if attr is None or not hasattr(ProfilerActivity, attr):
             raise ValueError(

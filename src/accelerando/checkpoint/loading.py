@@ -141,8 +141,10 @@ def _restore_loader(dl: Any, state: dict[str, Any]) -> None:
 
 
 def _restore_counters(ckpt: Checkpointer, meta: dict[str, Any]) -> None:
-    """`accelerator.step` and the accumulation window, so the next sync happens where it would have."""
+    """`accelerator.step` and the accumulation window, so the next sync happens where it would have;
+    the tracking step, so the next `log()` continues the curves."""
     ckpt.objects.step = int(meta.get("step", 0))
+    ckpt.objects.log_step = int(meta.get("log_step", 0))
     g = ckpt.objects.gradient
     if g is None:
         return

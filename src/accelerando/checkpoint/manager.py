@@ -182,6 +182,7 @@ class Checkpointer:
         g = self.objects.gradient
         return {
             "step": int(self.objects.step),
+            "log_step": int(self.objects.log_step),
             "gradient": {
                 "step_in_window": g.step_in_window if g is not None else 0,
                 "window_size": g.window_size if g is not None else 1,

@@ -24,6 +24,7 @@ class TrainingObjects:
     dataloaders: list[Any] = field(default_factory=list)
     custom: list[Any] = field(default_factory=list)  # register_for_checkpointing
     step: int = 0  # `Accelerator.step`: micro-batches since the last optimizer step
+    log_step: int = 0  # the step `Accelerator.log(step=None)` gives next: a resumed run continues its curves
     gradient: GradientRuntime | None = None  # the accumulation window, saved so a resume syncs on time
     device_kind: Device | None = None  # whose generators the RNG state includes
 

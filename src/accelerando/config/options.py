@@ -188,6 +188,12 @@ class ProfileKwargs(KwargsHandler):
     with_modules: bool = False
     output_trace_dir: str | None = None
 
+    def build(self) -> Any:
+        """The `torch.profiler.profile` these options describe (what `Accelerator.profile` enters)."""
+        from accelerando.profiling import build_profiler
+
+        return build_profiler(self)
+
 
 @dataclass
 class AORecipeKwargs(KwargsHandler):

@@ -107,6 +107,30 @@ def is_mlflow_available() -> bool:
     return _has("mlflow")
 
 
+def is_aim_available() -> bool:
+    return _has("aim")
+
+
+def is_comet_ml_available() -> bool:
+    return _has("comet_ml")
+
+
+def is_clearml_available() -> bool:
+    return _has("clearml")
+
+
+def is_dvclive_available() -> bool:
+    return _has("dvclive")
+
+
+def is_swanlab_available() -> bool:
+    return _has("swanlab")
+
+
+def is_trackio_available() -> bool:
+    return _has("trackio")
+
+
 def is_datasets_available() -> bool:
     return _has("datasets")
 
