@@ -518,12 +518,11 @@ class Accelerator(ConfigViews):
     clear = free_memory
 
     def end_training(self) -> None:
-        """Tear the process group down together, then finish this rank's trackers: no rank ever
-        waits on another's tracker. A tracker that failed (here or in `log`) raises TrackerError."""
+        """Tear the process group down together, then finish this rank's trackers (no rank waits on
+        another's); a tracker that failed, here or in `log`, raises TrackerError."""
         self.wait_for_everyone()
         self.state.destroy_process_group()
-        error = self._tracking.finish()
-        if error is not None:
+        if (error := self._tracking.finish()) is not None:
             raise error
 
     # ---- experiment tracking: accelerando.tracking does the work ---------------------------
