@@ -80,7 +80,7 @@ class DispatchBatchSampler(BatchSamplerShard):
         self.remainder = 0
         self.pass_counts = None
         if self.plain:
-            indices = list(self.batch_sampler.sampler)
+            indices = self.pass_order()
             self.remainder = sh.remainder(len(indices), spec)
             self.pass_counts = [
                 max(sh.num_batches(len(indices), spec.for_rank(r)) - skip, 0)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from accelerando.data.samplers import SeedableRandomSampler
@@ -33,11 +34,34 @@ STATE_VERSION = 1
 
 @dataclass
 class Progress:
-    """Epoch and shuffle seed, shared by a prepared loader and the views `skip_first_batches` makes."""
+    """Epoch and shuffle seed, shared by a prepared loader and the views `skip_first_batches` makes.
+
+    `generator` is set when the order comes from the user's own generator (Accelerate's default
+    with one): each pass then draws from it as a plain DataLoader would, after every rank took
+    rank 0's state, and `pass_state` keeps its state at the pass's start, which is
+    what a resumed pass needs to draw the same order again.
+    """
 
     seed: int
     epoch: int = 0
     active: Any = None  # the loader (original or skip view) whose pass is under way: it owns the position
+    generator: torch.Generator | None = None
+    loader_generator: bool = False  # it is also the user's DataLoader's `generator=`
+    pass_state: torch.Tensor | None = None
+
+    def start_pass(self, draws_base_seed: bool) -> None:
+        """Align the user's generator across ranks, remember it, and draw the worker base seed that
+        a plain DataLoader given this generator draws before its sampler (so the orders stay equal)."""
+        gen = self.generator
+        if gen is None:
+            return
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            box = [gen.get_state()]
+            dist.broadcast_object_list(box, src=0)
+            gen.set_state(box[0])
+        self.pass_state = gen.get_state()
+        if draws_base_seed and self.loader_generator:
+            torch.empty((), dtype=torch.int64).random_(generator=gen)
 
 
 def worker_seed(seed: int, epoch: int, rank: int) -> int:
@@ -180,10 +204,13 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         return self._progress.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch of the next pass: its order is a function of (seed, epoch) only."""
-        if not isinstance(epoch, int) or epoch < 0:
+        """Choose the epoch of the next pass, and tell the samplers and dataset that have a
+        `set_epoch` now (as Accelerate does). Shuffled without a generator of the user's, the
+        pass's order is a function of (seed, epoch) only."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"set_epoch({epoch!r}): the epoch must be an integer >= 0")
         self._progress.epoch = epoch
+        self._apply_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         self._prepare_pass()
@@ -209,9 +236,19 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._progress.active = self
         epoch = self._progress.epoch
         self._apply_epoch(epoch)
+        self._progress.start_pass(self._draws_base_seed())
+        begin = getattr(self._shard, "begin_pass", None)  # type: ignore[attr-defined]
+        if begin is not None:
+            begin()
         gen = getattr(self, "_worker_generator", None)
         if gen is not None:
             gen.manual_seed(worker_seed(self._progress.seed, epoch, self._rank))
+
+    def _draws_base_seed(self) -> bool:
+        """Whether torch would draw a worker base seed from the loader's generator now: at every
+        pass, but only once with persistent workers."""
+        persistent = self.persistent_workers and self.num_workers > 0  # type: ignore[attr-defined]
+        return not (persistent and getattr(self, "_iterator", None) is not None)
 
     def _is_last(self, number: int) -> bool | None:
         """Whether batch `number` (from 1) of this pass is its last; None when only reading on
@@ -278,6 +315,10 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             "batches": self._position(),
             "seed": self._progress.seed,
         }
+        gen = self._progress.generator
+        if gen is not None:  # the order's source: its state when this pass (or the next) began
+            pass_state = self._progress.pass_state
+            state["generator"] = pass_state if self._open and pass_state is not None else gen.get_state()
         if self._stateful:
             inner = self._yield_state if self._open else self._pending_state
             state["loader"] = inner if inner is not None else StatefulDataLoader.state_dict(self)  # type: ignore[arg-type]
@@ -294,6 +335,16 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._start = int(state_dict["batches"])
         self._open = False
         self._yield_state = None
+        gen = self._progress.generator
+        if gen is not None and state_dict.get("generator") is not None:
+            gen.set_state(state_dict["generator"])
+        elif gen is not None:
+            warnings.warn(
+                "load_state_dict: this loader takes its order from your generator, but the state holds "
+                "none (saved by a loader that shuffles by (seed, epoch)): the resumed order is the "
+                "generator's current one, not the saved run's",
+                stacklevel=2,
+            )
         if self._stateful and state_dict.get("loader") is not None:
             self._pending_state = state_dict["loader"]
             StatefulDataLoader.load_state_dict(self, state_dict["loader"])  # type: ignore[arg-type]

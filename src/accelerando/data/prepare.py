@@ -3,8 +3,10 @@
 One function for both callers: Accelerate's signature (process coordinates from `PartialState`
 or a device mesh) and the Accelerator's (`config=` its `DataLoaderConfiguration`). The user's
 DataLoader is read, never modified: its dataset, collate_fn, workers, pin_memory and batch sampler
-are reused; only a plain `RandomSampler` is swapped (on a copy) for `SeedableRandomSampler` so
-every process agrees on the order without drawing from the global RNG.
+are reused. A plain `RandomSampler` with a generator of the user's keeps drawing from it, as in
+Accelerate (every rank takes rank 0's generator state at each pass start); one without is swapped
+(on a copy) for `SeedableRandomSampler` so every process agrees on the order without drawing from
+the global RNG.
 """
 
 from __future__ import annotations
@@ -80,6 +82,18 @@ def with_seedable_sampler(batch_sampler: Any, seed: int) -> Any:
     return clone
 
 
+def user_generator(batch_sampler: Any, config: DataLoaderConfiguration) -> torch.Generator | None:
+    """The user's generator that the order comes from: a plain random sampler's own, unless
+    `use_seedable_sampler` or a `data_seed` asks for (seed, epoch) orders."""
+    inner = getattr(batch_sampler, "sampler", None)
+    if config.use_seedable_sampler or config.data_seed is not None or not _is_random(inner):
+        return None
+    if isinstance(inner, SeedableRandomSampler):
+        return None
+    gen = getattr(inner, "generator", None)
+    return gen if isinstance(gen, torch.Generator) else None
+
+
 def resolve_seed(config: DataLoaderConfiguration, dl: DataLoader, num_processes: int, shuffles: bool) -> int:
     """`data_seed`, else rank 0's seed (its generator's, or torch's initial seed), shared once."""
     if config.data_seed is not None:
@@ -109,8 +123,8 @@ def _source_batch_sampler(dl: DataLoader) -> tuple[Any, bool]:
 
 def _shard(
     dl: DataLoader, n: int, rank: int, config: DataLoaderConfiguration, dispatch: bool
-) -> tuple[Any, Any, int, dict[str, Any]]:
-    """(shard, the dataset the prepared loader reads, the shuffle seed, torch DataLoader arguments).
+) -> tuple[Any, Any, Progress, dict[str, Any]]:
+    """(shard, the dataset the prepared loader reads, its `Progress`, torch DataLoader arguments).
 
     A map-style loader's batch sampler is wrapped in a `BatchSamplerShard` (a dispatcher's: every
     rank's batches), an iterable dataset in an `IterableDatasetShard` (a dispatcher's: all of it).
@@ -126,14 +140,21 @@ def _shard(
             dl.dataset, dl.batch_size, dl.drop_last, n, rank, config.split_batches, config.even_batches
         )
         kwargs.update(batch_size=shard.loader_batch_size, drop_last=False)
-        return shard, shard, resolve_seed(config, dl, n, False), kwargs
+        return shard, shard, Progress(resolve_seed(config, dl, n, False)), kwargs
     batch_sampler, as_sampler = _source_batch_sampler(dl)
     seed = resolve_seed(config, dl, n, _is_random(getattr(batch_sampler, "sampler", None)))
-    batch_sampler = with_seedable_sampler(batch_sampler, seed)
+    gen = user_generator(batch_sampler, config)
+    if gen is None:
+        batch_sampler = with_seedable_sampler(batch_sampler, seed)
     sampler = DispatchBatchSampler if dispatch else BatchSamplerShard
     shard = sampler(batch_sampler, n, rank, config.split_batches, config.even_batches)
     kwargs.update({"sampler": shard, "batch_size": None} if as_sampler else {"batch_sampler": shard})
-    return shard, dl.dataset, seed, kwargs
+    return (
+        shard,
+        dl.dataset,
+        Progress(seed, generator=gen, loader_generator=gen is not None and dl.generator is gen),
+        kwargs,
+    )
 
 
 def _check_args(dataloader: Any, num_processes: Any, process_index: Any, config: Any) -> None:
@@ -186,9 +207,10 @@ def prepare_data_loader(
 
     Accelerate's signature: what is not given (process coordinates, device, gradient state) comes
     from `PartialState()`, or the data-parallel coordinates of `torch_device_mesh`. With `config`
-    (the Accelerator's call) the options come from it and nothing is looked up. `rng_types` and
-    `use_seedable_sampler` are accepted for compatibility: shuffling is always a function of
-    (seed, epoch), so there is no RNG state to synchronise.
+    (the Accelerator's call) the options come from it and nothing is looked up. A shuffle with
+    the user's generator draws from it (rank 0's state, each pass); any other is a function of
+    (seed, epoch) (`use_seedable_sampler=True` or a `data_seed` ask for that with a generator too).
+    `rng_types` is accepted for compatibility: no other RNG is drawn from, so none is synchronised.
     """
     coords = _data_parallel_coords(torch_device_mesh) if torch_device_mesh is not None else None
     if coords is not None:
@@ -216,8 +238,8 @@ def prepare_data_loader(
         raise ValueError(
             "dispatch_batches=True with several processes needs torch.distributed initialized first"
         )
-    shard, dataset, seed, kwargs = _shard(dataloader, num_processes, process_index, config, dispatch)
-    kwargs.update(device=device, shard=shard, progress=Progress(seed), rank=process_index)
+    shard, dataset, progress, kwargs = _shard(dataloader, num_processes, process_index, config, dispatch)
+    kwargs.update(device=device, shard=shard, progress=progress, rank=process_index)
     kwargs.update(put_on_device=put_on_device, gradient_state=gradient_state)
     kwargs.update(
         non_blocking=bool(config.non_blocking), use_stateful_dataloader=bool(config.use_stateful_dataloader)

@@ -1,0 +1,156 @@
+"""Prepared loaders against the real Accelerate, where the behaviour is pure (one process).
+
+The 2-rank side of the user-generator order is in tests/distributed/scripts/data_modes.py
+(`check_user_generator`, and the "generator" resume cases of data_resume.py).
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+from accelerando.config.options import DataLoaderConfiguration as Config
+from accelerando.data import prepare_data_loader, skip_first_batches
+
+theirs = pytest.importorskip("accelerate.data_loader")
+
+DATA = list(range(22))
+
+
+def ours(dl: DataLoader, **cfg) -> DataLoader:
+    return prepare_data_loader(dl, num_processes=1, process_index=0, config=Config(**cfg))
+
+
+def their(dl: DataLoader, **kw) -> DataLoader:
+    return theirs.prepare_data_loader(dl, num_processes=1, process_index=0, put_on_device=False, **kw)
+
+
+def epochs(loader, n: int = 3) -> list[list[list[int]]]:
+    return [[b.tolist() for b in loader] for _ in range(n)]
+
+
+def shuffled(g: torch.Generator, how: str) -> DataLoader:
+    if how == "shuffle":
+        return DataLoader(DATA, batch_size=4, shuffle=True, generator=g)
+    return DataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
+
+
+# ---- the user's generator decides the order (issue 19) ------------------------------------------
+@pytest.mark.parametrize("how", ["shuffle", "sampler"])
+def test_the_order_is_drawn_from_the_users_generator_in_every_epoch_as_accelerate(how: str) -> None:
+    results = []
+    for prepare in (ours, their, lambda dl: dl):  # ours, Accelerate's, a plain DataLoader
+        g = torch.Generator()
+        loader = prepare(shuffled(g, how))
+        g.manual_seed(42)  # after prepare: the loader must read the generator object, not a copy
+        results.append(epochs(loader))
+    assert results[0] == results[1] == results[2]
+    assert results[0][0] != results[0][1]  # the epochs do differ
+
+
+def test_seedable_sampler_or_a_data_seed_keep_seed_and_epoch_orders() -> None:
+    g = torch.Generator().manual_seed(42)
+    before = g.get_state()
+    for cfg in ({"use_seedable_sampler": True}, {"data_seed": 3}):
+        loader = ours(shuffled(g, "shuffle"), **cfg)
+        again = ours(shuffled(torch.Generator().manual_seed(7), "shuffle"), **{**cfg, "data_seed": 42})
+        assert epochs(loader, 2) and torch.equal(g.get_state(), before)  # the generator is not drawn from
+        assert again.seed == 42
+
+
+def _state_roundtrip(state: dict) -> dict:
+    """As a checkpoint stores it: torch.save, loaded weights-only."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_resume_mid_epoch_gives_the_uninterrupted_runs_batches_in_this_and_later_epochs(
+    stateful: bool,
+) -> None:
+    def make(seed: int) -> DataLoader:
+        dl = shuffled(torch.Generator().manual_seed(seed), "shuffle")
+        return ours(dl, use_stateful_dataloader=stateful)
+
+    whole = make(5)
+    first = [b.tolist() for b in whole]
+    it = iter(whole)
+    head = [next(it).tolist() for _ in range(2)]
+    state = _state_roundtrip(whole.state_dict())
+    rest = [b.tolist() for b in it]
+    later = epochs(whole, 2)
+    resumed = make(99)  # another seed: only the saved state can give the order back
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest and epochs(resumed, 2) == later
+    assert head + rest != first  # epoch 1's order is not epoch 0's
+
+
+def test_resume_between_epochs_and_through_skip_first_batches() -> None:
+    a = ours(shuffled(torch.Generator().manual_seed(5), "shuffle"))
+    epochs(a, 1)
+    state = a.state_dict()
+    want = epochs(a, 2)
+    b = ours(shuffled(torch.Generator().manual_seed(6), "shuffle"))
+    b.load_state_dict(state)
+    assert epochs(b, 2) == want
+    c = ours(shuffled(torch.Generator().manual_seed(6), "shuffle"))
+    c.load_state_dict(state)
+    assert [x.tolist() for x in skip_first_batches(c, 3)] == want[0][3:]
+
+
+def test_a_state_without_the_generator_warns_that_the_order_is_not_restored() -> None:
+    plain = ours(DataLoader(DATA, batch_size=4, shuffle=True))  # (seed, epoch): no generator saved
+    loader = ours(shuffled(torch.Generator().manual_seed(1), "shuffle"))
+    with pytest.warns(UserWarning, match="generator"):
+        loader.load_state_dict(plain.state_dict())
+
+
+# ---- set_epoch reaches a custom batch sampler and its sampler -----------------------------------
+class EpochBatchSampler(BatchSampler):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.epochs: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+class EpochSampler(SequentialSampler):
+    def __init__(self, data) -> None:
+        super().__init__(data)
+        self.epochs: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+def test_set_epoch_reaches_a_custom_batch_sampler_and_its_sampler_as_accelerate() -> None:
+    seen = []
+    for prepare in (ours, their):
+        bs = EpochBatchSampler(EpochSampler(DATA), 4, False)
+        loader = prepare(DataLoader(DATA, batch_sampler=bs))
+        loader.set_epoch(3)
+        now = (list(bs.epochs), list(bs.sampler.epochs))
+        list(loader)
+        seen.append((now, bs.epochs, bs.sampler.epochs))
+    assert seen[0] == seen[1]
+    assert seen[0][0] == ([3], [3])
+
+
+# ---- messages ------------------------------------------------------------------------------------
+def test_split_batches_message_starts_with_accelerates_wording() -> None:
+    with pytest.raises(ValueError) as ours_err:
+        prepare_data_loader(
+            DataLoader(DATA, batch_size=3), num_processes=2, process_index=0, split_batches=True
+        )
+    with pytest.raises(ValueError) as their_err:
+        theirs.prepare_data_loader(
+            DataLoader(DATA, batch_size=3), num_processes=2, process_index=0, split_batches=True
+        )
+    assert str(ours_err.value).startswith(str(their_err.value))
+    assert "round multiple" in str(ours_err.value) and "split_batches=False" in str(ours_err.value)
