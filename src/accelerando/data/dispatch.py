@@ -148,6 +148,45 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
     def __init__(
         self,
         dataset: Any,
+        split_batches: bool = False,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        slice_fn: Callable[..., Any] | None = None,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        *,
+        _prepared: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Accelerate's signature: built directly, rank 0 reads `DataLoader(dataset, **kwargs)` and
+        every process of `PartialState()` gets its piece (a collective: every rank builds one);
+        `prepare_data_loader` passes `_prepared`."""
+        if _prepared is None:
+            _prepared = self._direct(
+                dataset,
+                kwargs,
+                dispatch=True,
+                split_batches=split_batches,
+                non_blocking=_non_blocking,
+                stateful=use_stateful_dataloader,
+                slice_fn=slice_fn,
+            )
+        self._setup(**_prepared)
+        self._ctor = _prepared
+        self._accelerate_args(
+            skip_batches,
+            iteration,
+            split_batches=bool(self._shard.split_batches),
+            use_stateful_dataloader=bool(_prepared.get("use_stateful_dataloader")),
+            _drop_last=_drop_last,
+            torch_device_mesh=torch_device_mesh,
+        )
+
+    def _setup(  # type: ignore[override]
+        self,
+        dataset: Any,
         device: torch.device | None = None,
         *,
         channel: Channel,
@@ -155,8 +194,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         world_size: int = 1,
         **kwargs: Any,
     ) -> None:
-        super().__init__(dataset, device, **kwargs)
-        self._ctor[1].update(channel=channel, slice_fn=slice_fn, world_size=world_size)
+        super()._setup(dataset, device, **kwargs)
         self._world = world_size
         self._slice_fn = slice_fn
         self._channel = channel

@@ -8,6 +8,7 @@ rank 0 (`dispatch.DataLoaderDispatcher`). Each has a torchdata `StatefulDataLoad
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -99,6 +100,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     device: torch.device | None = None
     _progress: Progress
     _start: int = 0  # absolute batch at which the next pass starts (resume / skip_first_batches)
+    _skip_each_pass: int = 0  # Accelerate's `skip_batches=` constructor argument: every pass skips them
     _pass_start: int = 0
     _open: bool = False  # the last pass started and did not finish: position = pass start + yielded
     _stateful: bool = False
@@ -107,14 +109,42 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     _stateful_twin: Any = None  # the subclass that also derives from torchdata's StatefulDataLoader
     _pass_batches: int | None = None  # batches the pass under way yields, when its start knew it
 
-    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
-        if use_stateful_dataloader and StatefulDataLoader is None:
+    # Builds the `_prepared` arguments of a loader constructed like a DataLoader (Accelerate's way);
+    # set by `data.prepare`, which holds the logic shared with `prepare_data_loader`.
+    _build_direct: Any = None
+
+    def __new__(cls, *args: Any, _prepared: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        if _prepared is not None:
+            stateful = bool(_prepared.get("use_stateful_dataloader"))
+        else:
+            bound = inspect.signature(cls.__init__).bind_partial(None, *args, **kwargs).arguments
+            stateful = bool(bound.get("use_stateful_dataloader", False))
+        if stateful and StatefulDataLoader is None:
             raise ImportError("use_stateful_dataloader=True needs torchdata>=0.8: pip install torchdata")
-        if use_stateful_dataloader and not issubclass(cls, StatefulDataLoader):
+        if stateful and not issubclass(cls, StatefulDataLoader):
             cls = cls._stateful_twin
         return object.__new__(cls)
 
-    def __init__(
+    def _direct(self, dataset: Any, kwargs: dict[str, Any], **options: Any) -> dict[str, Any]:
+        if PreparedLoaderMixin._build_direct is None:  # pragma: no cover - data/__init__ imports prepare
+            raise RuntimeError("import accelerando.data before building a prepared loader directly")
+        return PreparedLoaderMixin._build_direct(dataset, kwargs, **options)  # type: ignore[no-any-return]
+
+    def _accelerate_args(self, skip_batches: int, iteration: int, **attrs: Any) -> None:
+        """Accelerate's constructor arguments: every pass starts at batch `skip_batches` (as there;
+        `skip_first_batches` skips in the next pass only), the epoch counter at `iteration`; the
+        rest are kept as attributes of the same names."""
+        for name, value in (("skip_batches", skip_batches), ("iteration", iteration)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name}={value!r} must be an integer >= 0")
+        if skip_batches:
+            self._start = self._skip_each_pass = skip_batches
+        if iteration:
+            self._progress.epoch = iteration
+        for name, value in attrs.items():
+            setattr(self, name, value)
+
+    def _setup(
         self,
         dataset: Any,
         device: torch.device | None = None,
@@ -131,13 +161,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         **kwargs: Any,
     ) -> None:
         """`shard` does the index math, `progress` holds epoch and seed; `kwargs` go to torch's
-        DataLoader. Every argument is kept so that `skip_first_batches` can build a twin."""
-        own = dict(shard=shard, progress=progress, rank=rank, put_on_device=put_on_device)
-        own.update(
-            non_blocking=non_blocking, gradient_state=gradient_state, total_batch_size=total_batch_size
-        )
-        own.update(total_dataset_length=total_dataset_length, use_stateful_dataloader=use_stateful_dataloader)
-        self._ctor = ((dataset, device), dict(kwargs, **own))
+        DataLoader. (The constructor keeps every argument so that `skip_first_batches` can build a twin.)"""
         self._worker_generator = torch.Generator()
         with warnings.catch_warnings():  # torchdata 0.11 warns about its own deprecated call
             warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -221,7 +245,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             completed = True
         finally:
             self.end()
-            self._start = 0
+            self._start = self._skip_each_pass
             if completed:
                 if self._progress.active is self:
                     self._progress.active = None
@@ -285,8 +309,8 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
 
     def _clone_from(self, start: int) -> PreparedLoaderMixin:
         """A loader over the same data, sharing epoch and seed, whose next pass starts at batch `start`."""
-        args, kwargs = self._ctor  # type: ignore[attr-defined]
-        view = type(self)(*args, **kwargs)
+        prepared = self._ctor  # type: ignore[attr-defined]
+        view = type(self)(prepared["dataset"], _prepared=prepared)
         view._start = start
         # The view now owns the resumed position: the original's next pass starts a fresh epoch.
         self._start = 0
@@ -356,6 +380,45 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
     `_shard` is the `BatchSamplerShard` or `IterableDatasetShard` doing the index math; the
     DataLoader machinery (workers, collate, pin memory) is torch's, untouched.
     """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | None = None,
+        rng_types: list[Any] | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        *,
+        _prepared: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Accelerate's signature: built directly, a one-process loader over `DataLoader(dataset,
+        **kwargs)` that moves its batches to `device`; `prepare_data_loader` passes `_prepared`.
+        A `synchronized_generator` (with "generator" in `rng_types`) is synchronised at each pass
+        and saved with the state, as the sampler's own generator is."""
+        if _prepared is None:
+            _prepared = self._direct(
+                dataset, kwargs, device=device, non_blocking=_non_blocking, stateful=use_stateful_dataloader
+            )
+        self._setup(**_prepared)
+        self._ctor = _prepared
+        if synchronized_generator is not None and "generator" in (rng_types or ()):
+            if self._progress.generator is None:
+                self._progress.generator = synchronized_generator
+        self._accelerate_args(
+            skip_batches,
+            iteration,
+            rng_types=rng_types,
+            synchronized_generator=synchronized_generator,
+            use_stateful_dataloader=bool(_prepared.get("use_stateful_dataloader")),
+            _drop_last=_drop_last,
+            torch_device_mesh=torch_device_mesh,
+        )
 
     @property
     def even_batches(self) -> bool:

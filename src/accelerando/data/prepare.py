@@ -12,6 +12,7 @@ the global RNG.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from accelerando.config.options import DataLoaderConfiguration
 from accelerando.data.dispatch import DataLoaderDispatcher, DispatchBatchSampler, GlobalBatchDataset
-from accelerando.data.loaders import DataLoaderShard, Progress, StatefulDataLoader
+from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
 from accelerando.data.transport import open_channel
 from accelerando.devices import accelerator_device
@@ -238,20 +239,76 @@ def prepare_data_loader(
         raise ValueError(
             "dispatch_batches=True with several processes needs torch.distributed initialized first"
         )
-    shard, dataset, progress, kwargs = _shard(dataloader, num_processes, process_index, config, dispatch)
-    kwargs.update(device=device, shard=shard, progress=progress, rank=process_index)
+    args = _prepared_args(
+        dataloader, num_processes, process_index, config, dispatch, device, put_on_device, gradient_state
+    )
+    if not dispatch:
+        return DataLoaderShard(args["dataset"], _prepared=args)
+    args.update(slice_fn=slice_fn_for_dispatch, world_size=num_processes)
+    return DataLoaderDispatcher(args["dataset"], _prepared=args)
+
+
+def _prepared_args(
+    dl: DataLoader,
+    n: int,
+    rank: int,
+    config: DataLoaderConfiguration,
+    dispatch: bool,
+    device: Any,
+    put_on_device: bool,
+    gradient_state: Any,
+) -> dict[str, Any]:
+    """The arguments a prepared loader is built from (a dispatcher's `channel` included)."""
+    shard, dataset, progress, kwargs = _shard(dl, n, rank, config, dispatch)
+    kwargs.update(dataset=dataset, device=device, shard=shard, progress=progress, rank=rank)
     kwargs.update(put_on_device=put_on_device, gradient_state=gradient_state)
     kwargs.update(
         non_blocking=bool(config.non_blocking), use_stateful_dataloader=bool(config.use_stateful_dataloader)
     )
     kwargs.update(
         total_batch_size=shard.spec.global_size if getattr(shard, "batch_size", 1) else None,
-        total_dataset_length=len(dataloader.dataset) if hasattr(dataloader.dataset, "__len__") else None,  # type: ignore[arg-type]
+        total_dataset_length=len(dl.dataset) if hasattr(dl.dataset, "__len__") else None,  # type: ignore[arg-type]
     )
-    if not dispatch:
-        return DataLoaderShard(dataset, **kwargs)
-    pin = bool(dataloader.pin_memory) and accelerator_device().type not in ("cpu", "xla")
-    channel = open_channel(num_processes, process_index, pin)  # collective, as every line above
-    return DataLoaderDispatcher(
-        dataset, channel=channel, slice_fn=slice_fn_for_dispatch, world_size=num_processes, **kwargs
+    if dispatch:
+        pin = bool(dl.pin_memory) and accelerator_device().type not in ("cpu", "xla")
+        kwargs["channel"] = open_channel(n, rank, pin)  # collective, as every line above
+    return kwargs
+
+
+def _direct_args(
+    dataset: Any,
+    loader_args: dict[str, Any],
+    *,
+    device: Any = None,
+    dispatch: bool = False,
+    split_batches: bool = False,
+    non_blocking: bool = False,
+    stateful: bool = False,
+    slice_fn: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
+    """`DataLoaderShard(dataset, **loader_args)` or `DataLoaderDispatcher(...)` built directly, as
+    in Accelerate: a shard is the whole loader of this one process; a dispatcher serves every
+    process of `PartialState()` from rank 0. torch checks `loader_args`, as for a DataLoader."""
+    if stateful and StatefulDataLoader is None:
+        raise ImportError("use_stateful_dataloader=True needs torchdata>=0.8: pip install torchdata")
+    with warnings.catch_warnings():  # torchdata 0.11 warns about its own deprecated call
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        dl = (StatefulDataLoader if stateful else DataLoader)(dataset, **loader_args)
+    n, rank = 1, 0
+    if dispatch:
+        state = PartialState()
+        n, rank, device = state.num_processes, state.process_index, state.device
+    config = DataLoaderConfiguration(
+        split_batches=split_batches,
+        dispatch_batches=dispatch,
+        non_blocking=non_blocking,
+        use_stateful_dataloader=stateful,
     )
+    _check_args(dl, n, rank, config)
+    args = _prepared_args(dl, n, rank, config, dispatch, device, device is not None, GradientState())
+    if dispatch:
+        args.update(slice_fn=slice_fn, world_size=n)
+    return args
+
+
+PreparedLoaderMixin._build_direct = staticmethod(_direct_args)

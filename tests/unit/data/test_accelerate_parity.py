@@ -154,3 +154,57 @@ def test_split_batches_message_starts_with_accelerates_wording() -> None:
         )
     assert str(ours_err.value).startswith(str(their_err.value))
     assert "round multiple" in str(ours_err.value) and "split_batches=False" in str(ours_err.value)
+
+
+# ---- DataLoaderShard / DataLoaderDispatcher built like a DataLoader ------------------------------
+def _direct(module, name: str, stateful: bool = False):
+    cls = getattr(module, name)
+    if name == "DataLoaderShard":
+        return cls(DATA, None, batch_size=4, skip_batches=2, use_stateful_dataloader=stateful)
+    return cls(DATA, False, 1, stateful, batch_size=4)  # Accelerate's positional order
+
+
+@pytest.mark.parametrize("name", ["DataLoaderShard", "DataLoaderDispatcher"])
+@pytest.mark.parametrize("stateful", [False, True])
+def test_loaders_built_like_a_dataloader_iterate_as_accelerates(name: str, stateful: bool) -> None:
+    import accelerando.data as mine
+
+    ours_dl, their_dl = _direct(mine, name, stateful), _direct(theirs, name, stateful)
+    assert isinstance(ours_dl, DataLoader) and ours_dl.use_stateful_dataloader is stateful
+    flags = []
+    got = []
+    for batch in ours_dl:
+        got.append(batch.tolist())
+        flags.append(ours_dl.end_of_dataloader)
+    assert got == [b.tolist() for b in their_dl]
+    assert flags == [False] * (len(got) - 1) + [True]
+    # (Accelerate's dispatcher reads these from a dataset shard it was not given here)
+    assert ours_dl.total_batch_size == 4 and ours_dl.total_dataset_length == len(DATA)
+    if name == "DataLoaderShard":
+        assert their_dl.total_batch_size == 4 and their_dl.total_dataset_length == len(DATA)
+    assert [b.tolist() for b in ours_dl] == [b.tolist() for b in their_dl]  # each pass skips again
+
+
+def test_a_directly_built_shard_keeps_device_iteration_and_the_users_generator() -> None:
+    import accelerando.data as mine
+
+    results = []
+    for module in (mine, theirs):
+        g = torch.Generator()
+        rng = ["generator"] if module is mine else None  # theirs would need an AcceleratorState
+        loader = module.DataLoaderShard(
+            DATA, torch.device("cpu"), rng, g, batch_size=4, shuffle=True, generator=g, iteration=2
+        )
+        g.manual_seed(3)
+        results.append(epochs(loader, 2))
+        assert loader.iteration == 4 and loader.device == torch.device("cpu")
+    assert results[0] == results[1]
+
+
+def test_a_directly_built_loader_checks_its_arguments_like_a_dataloader() -> None:
+    import accelerando.data as mine
+
+    with pytest.raises(ValueError, match="batch_sampler"):
+        mine.DataLoaderShard(DATA, batch_size=4, batch_sampler=[[0, 1]])
+    with pytest.raises(ValueError, match="skip_batches=-1"):
+        mine.DataLoaderShard(DATA, batch_size=4, skip_batches=-1)
