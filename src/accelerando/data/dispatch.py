@@ -13,7 +13,7 @@ of different lengths need no concatenation).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from itertools import zip_longest
+from itertools import islice, zip_longest
 from typing import Any
 
 import torch
@@ -142,6 +142,51 @@ class GlobalBatchDataset(IterableDatasetShard):
             yield from chunk
 
 
+class WholeBatchStream(GlobalBatchDataset):
+    """Rank 0's view of an iterable dataset that yields whole batches (a DataLoader with
+    `batch_size=None`), taken as Accelerate's dispatcher takes it: each item is one rank's batch,
+    dealt in rounds in rank order (a short last round is completed with the pass's first batches
+    under `even_batches`); with `split_batches` each item is one step's batch, cut in equal pieces.
+    """
+
+    def __init__(self, dataset: Any, num_processes: int, process_index: int, split: bool, even: bool) -> None:
+        super().__init__(dataset, num_processes, False, num_processes, process_index, split, even)
+        self.batch_size = None  # type: ignore[assignment]  # unknown: the dataset makes the batches
+
+    @property
+    def spec(self) -> sh.ShardSpec:
+        n = self.num_processes
+        return sh.ShardSpec(self.process_index, n, n, self.split_batches, self.even_batches, False)
+
+    def spec_for(self, batch_len: int) -> sh.ShardSpec:
+        """The ranks' pieces of one batch of `batch_len` samples (split mode): equal, or an error."""
+        n = self.num_processes
+        return sh.ShardSpec(self.process_index, n, batch_len, True, self.even_batches, False)
+
+    @property
+    def loader_batch_size(self) -> None:  # type: ignore[override]
+        return None
+
+    @property
+    def total_length(self) -> int:
+        return len(self.dataset)
+
+    def __len__(self) -> int:
+        return max(len(self.dataset) - self.skip * (1 if self.split_batches else self.num_processes), 0)
+
+    def full_length(self, rank: int | None = None) -> int:
+        spec = self.spec if rank is None else self.spec.for_rank(rank)
+        return len(self.dataset) if self.split_batches else sh.round_robin_len(len(self.dataset), spec)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.remainder = 0
+        if self.split_batches:
+            yield from islice(self.dataset, self.skip, None)
+            return
+        for round_, _ in sh.iter_rounds(self.dataset, self.spec, self.skip):
+            yield from round_
+
+
 class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
     """A prepared loader whose rank 0 reads everything and sends each rank its batch (Accelerate's name)."""
 
@@ -249,8 +294,10 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         """Rank r's slice of a collated global batch, or None when the batch has nothing for it."""
         size = batch_length(batch)
         pieces: list[Any] = []
+        spec_for = getattr(self._shard, "spec_for", None)  # batches the dataset made: sized each
+        spec = self._shard.spec if spec_for is None else spec_for(size)
         for r in range(self._world):
-            bounds = sh.piece_bounds(size, self._shard.spec, r)
+            bounds = sh.piece_bounds(size, spec, r)
             if bounds is None:
                 pieces.append(None)
             elif self._slice_fn is not None:

@@ -21,7 +21,12 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from accelerando.config.options import DataLoaderConfiguration
-from accelerando.data.dispatch import DataLoaderDispatcher, DispatchBatchSampler, GlobalBatchDataset
+from accelerando.data.dispatch import (
+    DataLoaderDispatcher,
+    DispatchBatchSampler,
+    GlobalBatchDataset,
+    WholeBatchStream,
+)
 from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
 from accelerando.data.transport import open_channel
@@ -131,13 +136,19 @@ def _shard(
     rank's batches), an iterable dataset in an `IterableDatasetShard` (a dispatcher's: all of it).
     """
     kwargs = loader_kwargs(dl)
+    shard: Any
     if isinstance(dl.dataset, IterableDataset):
+        if dl.batch_size is None and dispatch:  # the dataset yields whole batches
+            shard = WholeBatchStream(dl.dataset, n, rank, config.split_batches, config.even_batches)
+            kwargs.update(batch_size=None)
+            return shard, shard, Progress(resolve_seed(config, dl, n, False)), kwargs
         if dl.batch_size is None:
             raise ValueError(
-                "prepare needs a batch_size for an IterableDataset DataLoader (got batch_size=None)"
+                "prepare needs a batch_size for an IterableDataset DataLoader (got batch_size=None); "
+                "a dataset that yields whole batches takes dispatch_batches=True"
             )
         stream = GlobalBatchDataset if dispatch else IterableDatasetShard
-        shard: Any = stream(
+        shard = stream(
             dl.dataset, dl.batch_size, dl.drop_last, n, rank, config.split_batches, config.even_batches
         )
         kwargs.update(batch_size=shard.loader_batch_size, drop_last=False)

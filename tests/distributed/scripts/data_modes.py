@@ -436,6 +436,36 @@ def check_user_generator() -> None:
             assert steps == [b.tolist() for b in one], (split, dispatch, epoch, steps)
 
 
+class WholeBatches(IterableDataset):
+    """Yields 5 ready-made batches of 4 (a DataLoader with batch_size=None)."""
+
+    def __iter__(self):
+        return (torch.arange(4 * k, 4 * k + 4) for k in range(5))
+
+    def __len__(self) -> int:
+        return 5
+
+
+def check_whole_batches_dispatched() -> None:
+    """dispatch_batches=True on a dataset that makes its own batches: each rank gets whole batches in
+    rank order (a short last round completed from the first under even_batches), or, with
+    split_batches, its piece of every batch."""
+    whole = [list(range(4 * k, 4 * k + 4)) for k in range(5)]
+    for split, even in itertools.product((False, True), (True, False)):
+        loader = prep(
+            DataLoader(WholeBatches(), batch_size=None),
+            dispatch_batches=True,
+            split_batches=split,
+            even_batches=even,
+        )
+        got = everyone(drain(loader))
+        if split:
+            want = [[b[2 * r : 2 * r + 2] for b in whole] for r in range(WORLD)]
+        else:
+            want = [whole[0::2], whole[1::2] + ([whole[0]] if even else [])]
+        assert got == want, (split, even, got)
+
+
 def check_gather_for_metrics() -> None:
     from accelerando import Accelerator
 
@@ -565,6 +595,7 @@ def main() -> None:
     check_dispatch_with_workers()
     check_rng_untouched_and_skip()
     check_user_generator()
+    check_whole_batches_dispatched()
     save_states(out)
     check_gather_for_metrics()
     check_scheduler_semantics()

@@ -25,7 +25,8 @@ def ours(dl: DataLoader, **cfg) -> DataLoader:
 
 
 def their(dl: DataLoader, **kw) -> DataLoader:
-    return theirs.prepare_data_loader(dl, num_processes=1, process_index=0, put_on_device=False, **kw)
+    kw.setdefault("put_on_device", False)
+    return theirs.prepare_data_loader(dl, num_processes=1, process_index=0, **kw)
 
 
 def epochs(loader, n: int = 3) -> list[list[list[int]]]:
@@ -208,3 +209,28 @@ def test_a_directly_built_loader_checks_its_arguments_like_a_dataloader() -> Non
         mine.DataLoaderShard(DATA, batch_size=4, batch_sampler=[[0, 1]])
     with pytest.raises(ValueError, match="skip_batches=-1"):
         mine.DataLoaderShard(DATA, batch_size=4, skip_batches=-1)
+
+
+# ---- dispatch_batches=True on a dataset that yields whole batches --------------------------------
+class WholeBatches(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return ({"x": torch.arange(4 * k, 4 * k + 4)} for k in range(5))
+
+    def __len__(self) -> int:
+        return 5
+
+
+def test_dispatching_a_dataset_of_whole_batches_works_as_accelerate() -> None:
+    got = prepare_data_loader(
+        DataLoader(WholeBatches(), batch_size=None), num_processes=1, process_index=0, dispatch_batches=True
+    )
+    want = their(DataLoader(WholeBatches(), batch_size=None), dispatch_batches=True, put_on_device=True)
+    assert [b["x"].tolist() for b in got] == [b["x"].tolist() for b in want]
+    assert len(got) == len(want) == 5 and got.end_of_dataloader
+    split = ours(DataLoader(WholeBatches(), batch_size=None), dispatch_batches=True, split_batches=True)
+    assert [b["x"].tolist() for b in split] == [list(range(4 * k, 4 * k + 4)) for k in range(5)]
+
+
+def test_whole_batches_without_dispatch_are_refused_naming_the_way_out() -> None:
+    with pytest.raises(ValueError, match="batch_size=None.*dispatch_batches=True"):
+        ours(DataLoader(WholeBatches(), batch_size=None), dispatch_batches=False)
