@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from accelerando.data.samplers import SeedableRandomSampler
+from accelerando.data.samplers import SeedableRandomSampler, call_set_epoch
 from accelerando.data.sharding import remainder as sh_remainder
 from accelerando.ops.tree import send_to_device
 
@@ -192,7 +192,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def _apply_epoch(self, epoch: int) -> None:
         """Tell the sampler / dataset which epoch (and seed, after a restore) the coming pass uses."""
         shard = self._shard  # type: ignore[attr-defined]
-        shard.set_epoch(epoch)
+        shard.set_epoch(epoch)  # its sampler's, or its iterable dataset's
+        if shard is not self.dataset:  # type: ignore[attr-defined]  # map-style: as Accelerate, the dataset's too
+            call_set_epoch(self.dataset, epoch)  # type: ignore[attr-defined]
         inner = getattr(getattr(shard, "batch_sampler", None), "sampler", None)
         if isinstance(inner, SeedableRandomSampler):
             inner.initial_seed = self._progress.seed
@@ -226,6 +228,10 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     @property
     def iteration(self) -> int:  # Accelerate's name for the epoch counter
         return self._progress.epoch
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self.set_epoch(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch of the next pass, and tell the samplers and dataset that have a
@@ -313,7 +319,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         view = type(self)(prepared["dataset"], _prepared=prepared)
         view._start = start
         # The view now owns the resumed position: the original's next pass starts a fresh epoch.
-        self._start = 0
+        self._start = self._skip_each_pass
         self._pending_state = None
         return view
 

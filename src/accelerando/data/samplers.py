@@ -75,7 +75,7 @@ class SeedableRandomSampler(RandomSampler):
         return torch.cat(perms).tolist()  # never empty: RandomSampler refuses num_samples < 1
 
 
-def _set_epoch(obj: Any, epoch: int) -> None:
+def call_set_epoch(obj: Any, epoch: int) -> None:
     fn = getattr(obj, "set_epoch", None)
     if callable(fn):
         fn(epoch)
@@ -150,8 +150,8 @@ class BatchSamplerShard(Sampler[list[int]]):
         return len(self.batch_sampler)
 
     def set_epoch(self, epoch: int) -> None:
-        _set_epoch(self.batch_sampler, epoch)
-        _set_epoch(getattr(self.batch_sampler, "sampler", None), epoch)
+        call_set_epoch(self.batch_sampler, epoch)
+        call_set_epoch(getattr(self.batch_sampler, "sampler", None), epoch)
 
     def full_length(self, rank: int | None = None) -> int:
         """Batches of this process (or of `rank`) in a whole epoch, ignoring `skip`."""
@@ -234,7 +234,7 @@ class IterableDatasetShard(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        _set_epoch(self.dataset, epoch)
+        call_set_epoch(self.dataset, epoch)
 
     @property
     def total_length(self) -> int:

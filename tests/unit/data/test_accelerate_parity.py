@@ -130,17 +130,27 @@ class EpochSampler(SequentialSampler):
         self.epochs.append(epoch)
 
 
-def test_set_epoch_reaches_a_custom_batch_sampler_and_its_sampler_as_accelerate() -> None:
+class EpochData(list):
+    def __init__(self, data) -> None:
+        super().__init__(data)
+        self.epochs: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+def test_set_epoch_reaches_a_custom_batch_sampler_its_sampler_and_the_dataset_as_accelerate() -> None:
     seen = []
     for prepare in (ours, their):
-        bs = EpochBatchSampler(EpochSampler(DATA), 4, False)
-        loader = prepare(DataLoader(DATA, batch_sampler=bs))
+        data = EpochData(DATA)
+        bs = EpochBatchSampler(EpochSampler(data), 4, False)
+        loader = prepare(DataLoader(data, batch_sampler=bs))
         loader.set_epoch(3)
-        now = (list(bs.epochs), list(bs.sampler.epochs))
+        now = (list(bs.epochs), list(bs.sampler.epochs), list(data.epochs))
         list(loader)
-        seen.append((now, bs.epochs, bs.sampler.epochs))
+        seen.append((now, bs.epochs, bs.sampler.epochs, data.epochs))
     assert seen[0] == seen[1]
-    assert seen[0][0] == ([3], [3])
+    assert seen[0][0] == ([3], [3], [3])
 
 
 # ---- messages ------------------------------------------------------------------------------------
