@@ -244,3 +244,20 @@ def test_dispatching_a_dataset_of_whole_batches_works_as_accelerate() -> None:
 def test_whole_batches_without_dispatch_are_refused_naming_the_way_out() -> None:
     with pytest.raises(ValueError, match="batch_size=None.*dispatch_batches=True"):
         ours(DataLoader(WholeBatches(), batch_size=None), dispatch_batches=False)
+
+
+def test_save_state_and_load_state_restore_the_generator_order(tmp_path) -> None:
+    from accelerando import Accelerator
+
+    acc = Accelerator(cpu=True)
+    g = torch.Generator().manual_seed(11)
+    loader = acc.prepare(shuffled(g, "shuffle"))
+    epochs(loader, 1)
+    it = iter(loader)
+    next(it)
+    acc.save_state(str(tmp_path / "ckpt"))
+    rest, later = [b.tolist() for b in it], epochs(loader, 1)
+    g.manual_seed(12345)  # whatever happened since, the checkpoint decides
+    epochs(loader, 1)
+    acc.load_state(str(tmp_path / "ckpt"))
+    assert [b.tolist() for b in loader] == rest and epochs(loader, 1) == later
