@@ -142,11 +142,11 @@ class GlobalBatchDataset(IterableDatasetShard):
             yield from chunk
 
 
-class WholeBatchStream(GlobalBatchDataset):
-    """Rank 0's view of an iterable dataset that yields whole batches (a DataLoader with
-    `batch_size=None`), taken as Accelerate's dispatcher takes it: each item is one rank's batch,
-    dealt in rounds in rank order (a short last round is completed with the pass's first batches
-    under `even_batches`); with `split_batches` each item is one step's batch, cut in equal pieces.
+class WholeBatchShard(IterableDatasetShard):
+    """This rank's share of an iterable dataset that yields whole batches (a DataLoader with
+    `batch_size=None`): each item is one rank's batch, dealt in rounds in rank order (a short last
+    round is completed with the pass's first batches under `even_batches`); with `split_batches`
+    each item is one step's batch, cut in equal pieces. Every rank reads the whole stream.
     """
 
     def __init__(self, dataset: Any, num_processes: int, process_index: int, split: bool, even: bool) -> None:
@@ -171,12 +171,35 @@ class WholeBatchStream(GlobalBatchDataset):
     def total_length(self) -> int:
         return len(self.dataset)
 
-    def __len__(self) -> int:
-        return max(len(self.dataset) - self.skip * (1 if self.split_batches else self.num_processes), 0)
-
     def full_length(self, rank: int | None = None) -> int:
         spec = self.spec if rank is None else self.spec.for_rank(rank)
         return len(self.dataset) if self.split_batches else sh.round_robin_len(len(self.dataset), spec)
+
+    def __len__(self) -> int:
+        return max(self.full_length() - self.skip, 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.remainder = 0
+        if not self.split_batches:
+            yield from (batch for batch, _ in sh.iter_round_robin(self.dataset, self.spec, self.skip))
+            return
+        for batch in islice(self.dataset, self.skip, None):
+            size = batch_length(batch)
+            bounds = sh.piece_bounds(size, self.spec_for(size))
+            if bounds is not None:
+                yield slice_batch(batch, slice(*bounds), size)
+
+
+class WholeBatchStream(WholeBatchShard):
+    """Rank 0's view of a dataset of whole batches under dispatch: every rank's batches, in rank
+    order, round after round (with `split_batches`: each batch whole, cut when sent)."""
+
+    @property
+    def global_batches(self) -> bool:
+        return self.split_batches
+
+    def __len__(self) -> int:
+        return max(len(self.dataset) - self.skip * (1 if self.split_batches else self.num_processes), 0)
 
     def __iter__(self) -> Iterator[Any]:
         self.remainder = 0

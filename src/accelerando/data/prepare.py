@@ -25,6 +25,7 @@ from accelerando.data.dispatch import (
     DataLoaderDispatcher,
     DispatchBatchSampler,
     GlobalBatchDataset,
+    WholeBatchShard,
     WholeBatchStream,
 )
 from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
@@ -138,15 +139,11 @@ def _shard(
     kwargs = loader_kwargs(dl)
     shard: Any
     if isinstance(dl.dataset, IterableDataset):
-        if dl.batch_size is None and dispatch:  # the dataset yields whole batches
-            shard = WholeBatchStream(dl.dataset, n, rank, config.split_batches, config.even_batches)
+        if dl.batch_size is None:  # the dataset yields whole batches
+            whole = WholeBatchStream if dispatch else WholeBatchShard
+            shard = whole(dl.dataset, n, rank, config.split_batches, config.even_batches)
             kwargs.update(batch_size=None)
             return shard, shard, Progress(resolve_seed(config, dl, n, False)), kwargs
-        if dl.batch_size is None:
-            raise ValueError(
-                "prepare needs a batch_size for an IterableDataset DataLoader (got batch_size=None); "
-                "a dataset that yields whole batches takes dispatch_batches=True"
-            )
         stream = GlobalBatchDataset if dispatch else IterableDatasetShard
         shard = stream(
             dl.dataset, dl.batch_size, dl.drop_last, n, rank, config.split_batches, config.even_batches

@@ -446,15 +446,15 @@ class WholeBatches(IterableDataset):
         return 5
 
 
-def check_whole_batches_dispatched() -> None:
-    """dispatch_batches=True on a dataset that makes its own batches: each rank gets whole batches in
-    rank order (a short last round completed from the first under even_batches), or, with
-    split_batches, its piece of every batch."""
+def check_whole_batches() -> None:
+    """A dataset that makes its own batches, with or without dispatch_batches: each rank gets whole
+    batches in rank order (a short last round completed from the first under even_batches), or,
+    with split_batches, its piece of every batch."""
     whole = [list(range(4 * k, 4 * k + 4)) for k in range(5)]
-    for split, even in itertools.product((False, True), (True, False)):
+    for split, even, dispatch in itertools.product((False, True), (True, False), (True, False)):
         loader = prep(
             DataLoader(WholeBatches(), batch_size=None),
-            dispatch_batches=True,
+            dispatch_batches=dispatch,
             split_batches=split,
             even_batches=even,
         )
@@ -463,7 +463,7 @@ def check_whole_batches_dispatched() -> None:
             want = [[b[2 * r : 2 * r + 2] for b in whole] for r in range(WORLD)]
         else:
             want = [whole[0::2], whole[1::2] + ([whole[0]] if even else [])]
-        assert got == want, (split, even, got)
+        assert got == want, (split, even, dispatch, got)
 
 
 def check_gather_for_metrics() -> None:
@@ -595,7 +595,7 @@ def main() -> None:
     check_dispatch_with_workers()
     check_rng_untouched_and_skip()
     check_user_generator()
-    check_whole_batches_dispatched()
+    check_whole_batches()
     save_states(out)
     check_gather_for_metrics()
     check_scheduler_semantics()

@@ -241,9 +241,11 @@ def test_dispatching_a_dataset_of_whole_batches_works_as_accelerate() -> None:
     assert [b["x"].tolist() for b in split] == [list(range(4 * k, 4 * k + 4)) for k in range(5)]
 
 
-def test_whole_batches_without_dispatch_are_refused_naming_the_way_out() -> None:
-    with pytest.raises(ValueError, match="batch_size=None.*dispatch_batches=True"):
-        ours(DataLoader(WholeBatches(), batch_size=None), dispatch_batches=False)
+def test_whole_batches_without_dispatch_on_one_process_are_the_datasets_as_accelerate() -> None:
+    got = ours(DataLoader(WholeBatches(), batch_size=None), dispatch_batches=False)
+    want = their(DataLoader(WholeBatches(), batch_size=None), dispatch_batches=False)
+    assert [b["x"].tolist() for b in got] == [b["x"].tolist() for b in want]
+    assert len(got) == 5 and got.total_batch_size is None
 
 
 def test_save_state_and_load_state_restore_the_generator_order(tmp_path) -> None:
