@@ -7,7 +7,8 @@ Ranks get exactly the batches the non-dispatch sharding gives them (`sharding`),
 or missing final batch. As in Accelerate, with `split_batches=True` rank 0 collates the whole
 step's batch once and slices it (`slice_fn_for_dispatch`); otherwise it collates each rank's batch
 on its own, as that rank would without dispatch (so a padding collator pads per rank, and batches
-of different lengths need no concatenation).
+of different lengths need no concatenation). A dataset that yields whole batches (`batch_size=None`)
+has its batches dealt whole (`WholeBatchShard`, `WholeBatchStream`).
 """
 
 from __future__ import annotations
