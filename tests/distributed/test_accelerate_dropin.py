@@ -68,12 +68,6 @@ pytestmark = pytest.mark.skipif(
 
 DELIBERATE = "deliberate difference (docs/architecture.md)"
 SKIPS = {
-    "test_script.py:training_check(use_seedable_sampler=False)": (
-        "NOT FIXED YET (issue 19): a prepared shuffled loader orders each epoch by (seed, epoch), "
-        "resumable without saving a generator; Accelerate's draws each epoch from the user's "
-        "generator, so after the first epoch the 2-rank model ends 0.25% from the 1-process one. "
-        "data/ is being reworked on the arch-data branch; the fix belongs there"
-    ),
     "test_sync.py:test_gradient_accumulation_with_opt_and_scheduler": (
         f"{DELIBERATE}: the last, partial accumulation window is scaled by its real length; the "
         "script's reference divides the last 1-batch window's loss by 2, so gradients differ by 2x"

@@ -18,9 +18,9 @@ SCRIPTS = Path(__file__).parent / "scripts"
 def test_every_mode_and_exact_resume_in_fresh_processes(tmp_path: Path) -> None:
     first = run_distributed(SCRIPTS / "data_modes.py", args=[str(tmp_path)], timeout=240)
     assert "data modes passed" in first.stdout
-    assert len(list(tmp_path.glob("*.pt"))) == 20  # 5 modes x (plain, stateful) x 2 ranks
+    assert len(list(tmp_path.glob("*.pt"))) == 28  # 7 modes x (plain, stateful) x 2 ranks
     second = run_distributed(SCRIPTS / "data_resume.py", args=[str(tmp_path)], timeout=240)
-    assert "data resume passed (10 loaders per rank)" in second.stdout
+    assert "data resume passed (14 loaders per rank)" in second.stdout
 
 
 def test_dispatch_crash_on_rank0_ends_every_rank_with_its_error() -> None:

@@ -7,13 +7,14 @@ Ranks get exactly the batches the non-dispatch sharding gives them (`sharding`),
 or missing final batch. As in Accelerate, with `split_batches=True` rank 0 collates the whole
 step's batch once and slices it (`slice_fn_for_dispatch`); otherwise it collates each rank's batch
 on its own, as that rank would without dispatch (so a padding collator pads per rank, and batches
-of different lengths need no concatenation).
+of different lengths need no concatenation). A dataset that yields whole batches (`batch_size=None`)
+has its batches dealt whole (`WholeBatchShard`, `WholeBatchStream`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from itertools import zip_longest
+from itertools import islice, zip_longest
 from typing import Any
 
 import torch
@@ -80,7 +81,7 @@ class DispatchBatchSampler(BatchSamplerShard):
         self.remainder = 0
         self.pass_counts = None
         if self.plain:
-            indices = list(self.batch_sampler.sampler)
+            indices = self.pass_order()
             self.remainder = sh.remainder(len(indices), spec)
             self.pass_counts = [
                 max(sh.num_batches(len(indices), spec.for_rank(r)) - skip, 0)
@@ -142,10 +143,117 @@ class GlobalBatchDataset(IterableDatasetShard):
             yield from chunk
 
 
+class WholeBatchShard(IterableDatasetShard):
+    """This rank's share of an iterable dataset that yields whole batches (a DataLoader with
+    `batch_size=None`): each item is one rank's batch, dealt in rounds in rank order (a short last
+    round is completed with the pass's first batches under `even_batches`); with `split_batches`
+    each item is one step's batch, cut in equal pieces. Every rank reads the whole stream.
+    """
+
+    def __init__(self, dataset: Any, num_processes: int, process_index: int, split: bool, even: bool) -> None:
+        super().__init__(dataset, num_processes, False, num_processes, process_index, split, even)
+        self.batch_size = None  # type: ignore[assignment]  # unknown: the dataset makes the batches
+
+    @property
+    def spec(self) -> sh.ShardSpec:
+        n = self.num_processes
+        return sh.ShardSpec(self.process_index, n, n, self.split_batches, self.even_batches, False)
+
+    def spec_for(self, batch_len: int) -> sh.ShardSpec:
+        """The ranks' pieces of one batch of `batch_len` samples (split mode): equal, or an error."""
+        n = self.num_processes
+        return sh.ShardSpec(self.process_index, n, batch_len, True, self.even_batches, False)
+
+    @property
+    def loader_batch_size(self) -> None:  # type: ignore[override]
+        return None
+
+    @property
+    def total_length(self) -> int:
+        return len(self.dataset)
+
+    def full_length(self, rank: int | None = None) -> int:
+        spec = self.spec if rank is None else self.spec.for_rank(rank)
+        return len(self.dataset) if self.split_batches else sh.round_robin_len(len(self.dataset), spec)
+
+    def __len__(self) -> int:
+        return max(self.full_length() - self.skip, 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.remainder = 0
+        if not self.split_batches:
+            yield from (batch for batch, _ in sh.iter_round_robin(self.dataset, self.spec, self.skip))
+            return
+        for batch in islice(self.dataset, self.skip, None):
+            size = batch_length(batch)
+            bounds = sh.piece_bounds(size, self.spec_for(size))
+            if bounds is not None:
+                yield slice_batch(batch, slice(*bounds), size)
+
+
+class WholeBatchStream(WholeBatchShard):
+    """Rank 0's view of a dataset of whole batches under dispatch: every rank's batches, in rank
+    order, round after round (with `split_batches`: each batch whole, cut when sent)."""
+
+    @property
+    def global_batches(self) -> bool:
+        return self.split_batches
+
+    def __len__(self) -> int:
+        return max(len(self.dataset) - self.skip * (1 if self.split_batches else self.num_processes), 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.remainder = 0
+        if self.split_batches:
+            yield from islice(self.dataset, self.skip, None)
+            return
+        for round_, _ in sh.iter_rounds(self.dataset, self.spec, self.skip):
+            yield from round_
+
+
 class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
     """A prepared loader whose rank 0 reads everything and sends each rank its batch (Accelerate's name)."""
 
     def __init__(
+        self,
+        dataset: Any,
+        split_batches: bool = False,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        slice_fn: Callable[..., Any] | None = None,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        *,
+        _prepared: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Accelerate's signature: built directly, rank 0 reads `DataLoader(dataset, **kwargs)` and
+        every process of `PartialState()` gets its piece (a collective: every rank builds one);
+        `prepare_data_loader` passes `_prepared`."""
+        if _prepared is None:
+            _prepared = self._direct(
+                dataset,
+                kwargs,
+                dispatch=True,
+                split_batches=split_batches,
+                non_blocking=_non_blocking,
+                stateful=use_stateful_dataloader,
+                slice_fn=slice_fn,
+            )
+        self._setup(**_prepared)
+        self._ctor = _prepared
+        self._accelerate_args(
+            skip_batches,
+            iteration,
+            split_batches=bool(self._shard.split_batches),
+            use_stateful_dataloader=bool(_prepared.get("use_stateful_dataloader")),
+            _drop_last=_drop_last,
+            torch_device_mesh=torch_device_mesh,
+        )
+
+    def _setup(  # type: ignore[override]
         self,
         dataset: Any,
         device: torch.device | None = None,
@@ -155,8 +263,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         world_size: int = 1,
         **kwargs: Any,
     ) -> None:
-        super().__init__(dataset, device, **kwargs)
-        self._ctor[1].update(channel=channel, slice_fn=slice_fn, world_size=world_size)
+        super()._setup(dataset, device, **kwargs)
         self._world = world_size
         self._slice_fn = slice_fn
         self._channel = channel
@@ -211,8 +318,10 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         """Rank r's slice of a collated global batch, or None when the batch has nothing for it."""
         size = batch_length(batch)
         pieces: list[Any] = []
+        spec_for = getattr(self._shard, "spec_for", None)  # batches the dataset made: sized each
+        spec = self._shard.spec if spec_for is None else spec_for(size)
         for r in range(self._world):
-            bounds = sh.piece_bounds(size, self._shard.spec, r)
+            bounds = sh.piece_bounds(size, spec, r)
             if bounds is None:
                 pieces.append(None)
             elif self._slice_fn is not None:

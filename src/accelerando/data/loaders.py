@@ -8,6 +8,7 @@ rank 0 (`dispatch.DataLoaderDispatcher`). Each has a torchdata `StatefulDataLoad
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,9 +16,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from accelerando.data.samplers import SeedableRandomSampler
+from accelerando.data.samplers import SeedableRandomSampler, call_set_epoch
 from accelerando.data.sharding import remainder as sh_remainder
 from accelerando.ops.tree import send_to_device
 
@@ -33,11 +35,34 @@ STATE_VERSION = 1
 
 @dataclass
 class Progress:
-    """Epoch and shuffle seed, shared by a prepared loader and the views `skip_first_batches` makes."""
+    """Epoch and shuffle seed, shared by a prepared loader and the views `skip_first_batches` makes.
+
+    `generator` is set when the order comes from the user's own generator (Accelerate's default
+    with one): each pass then draws from it as a plain DataLoader would, after every rank took
+    rank 0's state, and `pass_state` keeps its state at the pass's start, which is
+    what a resumed pass needs to draw the same order again.
+    """
 
     seed: int
     epoch: int = 0
     active: Any = None  # the loader (original or skip view) whose pass is under way: it owns the position
+    generator: torch.Generator | None = None
+    loader_generator: bool = False  # it is also the user's DataLoader's `generator=`
+    pass_state: torch.Tensor | None = None
+
+    def start_pass(self, draws_base_seed: bool) -> None:
+        """Align the user's generator across ranks, remember it, and draw the worker base seed that
+        a plain DataLoader given this generator draws before its sampler (so the orders stay equal)."""
+        gen = self.generator
+        if gen is None:
+            return
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            box = [gen.get_state()]
+            dist.broadcast_object_list(box, src=0)
+            gen.set_state(box[0])
+        self.pass_state = gen.get_state()
+        if draws_base_seed and self.loader_generator:
+            torch.empty((), dtype=torch.int64).random_(generator=gen)
 
 
 def worker_seed(seed: int, epoch: int, rank: int) -> int:
@@ -75,6 +100,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     device: torch.device | None = None
     _progress: Progress
     _start: int = 0  # absolute batch at which the next pass starts (resume / skip_first_batches)
+    _skip_each_pass: int = 0  # Accelerate's `skip_batches=` constructor argument: every pass skips them
     _pass_start: int = 0
     _open: bool = False  # the last pass started and did not finish: position = pass start + yielded
     _stateful: bool = False
@@ -83,14 +109,42 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     _stateful_twin: Any = None  # the subclass that also derives from torchdata's StatefulDataLoader
     _pass_batches: int | None = None  # batches the pass under way yields, when its start knew it
 
-    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
-        if use_stateful_dataloader and StatefulDataLoader is None:
+    # Builds the `_prepared` arguments of a loader constructed like a DataLoader (Accelerate's way);
+    # set by `data.prepare`, which holds the logic shared with `prepare_data_loader`.
+    _build_direct: Any = None
+
+    def __new__(cls, *args: Any, _prepared: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        if _prepared is not None:
+            stateful = bool(_prepared.get("use_stateful_dataloader"))
+        else:
+            bound = inspect.signature(cls.__init__).bind_partial(None, *args, **kwargs).arguments
+            stateful = bool(bound.get("use_stateful_dataloader", False))
+        if stateful and StatefulDataLoader is None:
             raise ImportError("use_stateful_dataloader=True needs torchdata>=0.8: pip install torchdata")
-        if use_stateful_dataloader and not issubclass(cls, StatefulDataLoader):
+        if stateful and not issubclass(cls, StatefulDataLoader):
             cls = cls._stateful_twin
         return object.__new__(cls)
 
-    def __init__(
+    def _direct(self, dataset: Any, kwargs: dict[str, Any], **options: Any) -> dict[str, Any]:
+        if PreparedLoaderMixin._build_direct is None:  # pragma: no cover - data/__init__ imports prepare
+            raise RuntimeError("import accelerando.data before building a prepared loader directly")
+        return PreparedLoaderMixin._build_direct(dataset, kwargs, **options)  # type: ignore[no-any-return]
+
+    def _accelerate_args(self, skip_batches: int, iteration: int, **attrs: Any) -> None:
+        """Accelerate's constructor arguments: every pass starts at batch `skip_batches` (as there;
+        `skip_first_batches` skips in the next pass only), the epoch counter at `iteration`; the
+        rest are kept as attributes of the same names."""
+        for name, value in (("skip_batches", skip_batches), ("iteration", iteration)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name}={value!r} must be an integer >= 0")
+        if skip_batches:
+            self._start = self._skip_each_pass = skip_batches
+        if iteration:
+            self._progress.epoch = iteration
+        for name, value in attrs.items():
+            setattr(self, name, value)
+
+    def _setup(
         self,
         dataset: Any,
         device: torch.device | None = None,
@@ -107,13 +161,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         **kwargs: Any,
     ) -> None:
         """`shard` does the index math, `progress` holds epoch and seed; `kwargs` go to torch's
-        DataLoader. Every argument is kept so that `skip_first_batches` can build a twin."""
-        own = dict(shard=shard, progress=progress, rank=rank, put_on_device=put_on_device)
-        own.update(
-            non_blocking=non_blocking, gradient_state=gradient_state, total_batch_size=total_batch_size
-        )
-        own.update(total_dataset_length=total_dataset_length, use_stateful_dataloader=use_stateful_dataloader)
-        self._ctor = ((dataset, device), dict(kwargs, **own))
+        DataLoader. (The constructor keeps every argument so that `skip_first_batches` can build a twin.)"""
         self._worker_generator = torch.Generator()
         with warnings.catch_warnings():  # torchdata 0.11 warns about its own deprecated call
             warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -144,7 +192,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def _apply_epoch(self, epoch: int) -> None:
         """Tell the sampler / dataset which epoch (and seed, after a restore) the coming pass uses."""
         shard = self._shard  # type: ignore[attr-defined]
-        shard.set_epoch(epoch)
+        shard.set_epoch(epoch)  # its sampler's, or its iterable dataset's
+        if shard is not self.dataset:  # type: ignore[attr-defined]  # map-style: as Accelerate, the dataset's too
+            call_set_epoch(self.dataset, epoch)  # type: ignore[attr-defined]
         inner = getattr(getattr(shard, "batch_sampler", None), "sampler", None)
         if isinstance(inner, SeedableRandomSampler):
             inner.initial_seed = self._progress.seed
@@ -179,11 +229,18 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def iteration(self) -> int:  # Accelerate's name for the epoch counter
         return self._progress.epoch
 
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self.set_epoch(value)
+
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch of the next pass: its order is a function of (seed, epoch) only."""
-        if not isinstance(epoch, int) or epoch < 0:
+        """Choose the epoch of the next pass, and tell the samplers and dataset that have a
+        `set_epoch` now (as Accelerate does). Shuffled without a generator of the user's, the
+        pass's order is a function of (seed, epoch) only."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"set_epoch({epoch!r}): the epoch must be an integer >= 0")
         self._progress.epoch = epoch
+        self._apply_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         self._prepare_pass()
@@ -194,7 +251,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             completed = True
         finally:
             self.end()
-            self._start = 0
+            self._start = self._skip_each_pass
             if completed:
                 if self._progress.active is self:
                     self._progress.active = None
@@ -209,9 +266,19 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._progress.active = self
         epoch = self._progress.epoch
         self._apply_epoch(epoch)
+        self._progress.start_pass(self._draws_base_seed())
+        begin = getattr(self._shard, "begin_pass", None)  # type: ignore[attr-defined]
+        if begin is not None:
+            begin()
         gen = getattr(self, "_worker_generator", None)
         if gen is not None:
             gen.manual_seed(worker_seed(self._progress.seed, epoch, self._rank))
+
+    def _draws_base_seed(self) -> bool:
+        """Whether torch would draw a worker base seed from the loader's generator now: at every
+        pass, but only once with persistent workers."""
+        persistent = self.persistent_workers and self.num_workers > 0  # type: ignore[attr-defined]
+        return not (persistent and getattr(self, "_iterator", None) is not None)
 
     def _is_last(self, number: int) -> bool | None:
         """Whether batch `number` (from 1) of this pass is its last; None when only reading on
@@ -248,11 +315,11 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
 
     def _clone_from(self, start: int) -> PreparedLoaderMixin:
         """A loader over the same data, sharing epoch and seed, whose next pass starts at batch `start`."""
-        args, kwargs = self._ctor  # type: ignore[attr-defined]
-        view = type(self)(*args, **kwargs)
+        prepared = self._ctor  # type: ignore[attr-defined]
+        view = type(self)(prepared["dataset"], _prepared=prepared)
         view._start = start
         # The view now owns the resumed position: the original's next pass starts a fresh epoch.
-        self._start = 0
+        self._start = self._skip_each_pass
         self._pending_state = None
         return view
 
@@ -278,6 +345,10 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             "batches": self._position(),
             "seed": self._progress.seed,
         }
+        gen = self._progress.generator
+        if gen is not None:  # the order's source: its state when this pass (or the next) began
+            pass_state = self._progress.pass_state
+            state["generator"] = pass_state if self._open and pass_state is not None else gen.get_state()
         if self._stateful:
             inner = self._yield_state if self._open else self._pending_state
             state["loader"] = inner if inner is not None else StatefulDataLoader.state_dict(self)  # type: ignore[arg-type]
@@ -294,6 +365,16 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._start = int(state_dict["batches"])
         self._open = False
         self._yield_state = None
+        gen = self._progress.generator
+        if gen is not None and state_dict.get("generator") is not None:
+            gen.set_state(state_dict["generator"])
+        elif gen is not None:
+            warnings.warn(
+                "load_state_dict: this loader takes its order from your generator, but the state holds "
+                "none (saved by a loader that shuffles by (seed, epoch)): the resumed order is the "
+                "generator's current one, not the saved run's",
+                stacklevel=2,
+            )
         if self._stateful and state_dict.get("loader") is not None:
             self._pending_state = state_dict["loader"]
             StatefulDataLoader.load_state_dict(self, state_dict["loader"])  # type: ignore[arg-type]
@@ -305,6 +386,45 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
     `_shard` is the `BatchSamplerShard` or `IterableDatasetShard` doing the index math; the
     DataLoader machinery (workers, collate, pin memory) is torch's, untouched.
     """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | None = None,
+        rng_types: list[Any] | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        *,
+        _prepared: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Accelerate's signature: built directly, a one-process loader over `DataLoader(dataset,
+        **kwargs)` that moves its batches to `device`; `prepare_data_loader` passes `_prepared`.
+        A `synchronized_generator` (with "generator" in `rng_types`) is synchronised at each pass
+        and saved with the state, as the sampler's own generator is."""
+        if _prepared is None:
+            _prepared = self._direct(
+                dataset, kwargs, device=device, non_blocking=_non_blocking, stateful=use_stateful_dataloader
+            )
+        self._setup(**_prepared)
+        self._ctor = _prepared
+        if synchronized_generator is not None and "generator" in (rng_types or ()):
+            if self._progress.generator is None:
+                self._progress.generator = synchronized_generator
+        self._accelerate_args(
+            skip_batches,
+            iteration,
+            rng_types=rng_types,
+            synchronized_generator=synchronized_generator,
+            use_stateful_dataloader=bool(_prepared.get("use_stateful_dataloader")),
+            _drop_last=_drop_last,
+            torch_device_mesh=torch_device_mesh,
+        )
 
     @property
     def even_batches(self) -> bool:

@@ -3,13 +3,16 @@
 One function for both callers: Accelerate's signature (process coordinates from `PartialState`
 or a device mesh) and the Accelerator's (`config=` its `DataLoaderConfiguration`). The user's
 DataLoader is read, never modified: its dataset, collate_fn, workers, pin_memory and batch sampler
-are reused; only a plain `RandomSampler` is swapped (on a copy) for `SeedableRandomSampler` so
-every process agrees on the order without drawing from the global RNG.
+are reused. A plain `RandomSampler` with a generator of the user's keeps drawing from it, as in
+Accelerate (every rank takes rank 0's generator state at each pass start); one without is swapped
+(on a copy) for `SeedableRandomSampler` so every process agrees on the order without drawing from
+the global RNG.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +21,14 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from accelerando.config.options import DataLoaderConfiguration
-from accelerando.data.dispatch import DataLoaderDispatcher, DispatchBatchSampler, GlobalBatchDataset
-from accelerando.data.loaders import DataLoaderShard, Progress, StatefulDataLoader
+from accelerando.data.dispatch import (
+    DataLoaderDispatcher,
+    DispatchBatchSampler,
+    GlobalBatchDataset,
+    WholeBatchShard,
+    WholeBatchStream,
+)
+from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, Progress, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
 from accelerando.data.transport import open_channel
 from accelerando.devices import accelerator_device
@@ -80,6 +89,18 @@ def with_seedable_sampler(batch_sampler: Any, seed: int) -> Any:
     return clone
 
 
+def user_generator(batch_sampler: Any, config: DataLoaderConfiguration) -> torch.Generator | None:
+    """The user's generator that the order comes from: a plain random sampler's own, unless
+    `use_seedable_sampler` or a `data_seed` asks for (seed, epoch) orders."""
+    inner = getattr(batch_sampler, "sampler", None)
+    if config.use_seedable_sampler or config.data_seed is not None or not _is_random(inner):
+        return None
+    if isinstance(inner, SeedableRandomSampler):
+        return None
+    gen = getattr(inner, "generator", None)
+    return gen if isinstance(gen, torch.Generator) else None
+
+
 def resolve_seed(config: DataLoaderConfiguration, dl: DataLoader, num_processes: int, shuffles: bool) -> int:
     """`data_seed`, else rank 0's seed (its generator's, or torch's initial seed), shared once."""
     if config.data_seed is not None:
@@ -109,31 +130,40 @@ def _source_batch_sampler(dl: DataLoader) -> tuple[Any, bool]:
 
 def _shard(
     dl: DataLoader, n: int, rank: int, config: DataLoaderConfiguration, dispatch: bool
-) -> tuple[Any, Any, int, dict[str, Any]]:
-    """(shard, the dataset the prepared loader reads, the shuffle seed, torch DataLoader arguments).
+) -> tuple[Any, Any, Progress, dict[str, Any]]:
+    """(shard, the dataset the prepared loader reads, its `Progress`, torch DataLoader arguments).
 
     A map-style loader's batch sampler is wrapped in a `BatchSamplerShard` (a dispatcher's: every
     rank's batches), an iterable dataset in an `IterableDatasetShard` (a dispatcher's: all of it).
     """
     kwargs = loader_kwargs(dl)
+    shard: Any
     if isinstance(dl.dataset, IterableDataset):
-        if dl.batch_size is None:
-            raise ValueError(
-                "prepare needs a batch_size for an IterableDataset DataLoader (got batch_size=None)"
-            )
+        if dl.batch_size is None:  # the dataset yields whole batches
+            whole = WholeBatchStream if dispatch else WholeBatchShard
+            shard = whole(dl.dataset, n, rank, config.split_batches, config.even_batches)
+            kwargs.update(batch_size=None)
+            return shard, shard, Progress(resolve_seed(config, dl, n, False)), kwargs
         stream = GlobalBatchDataset if dispatch else IterableDatasetShard
-        shard: Any = stream(
+        shard = stream(
             dl.dataset, dl.batch_size, dl.drop_last, n, rank, config.split_batches, config.even_batches
         )
         kwargs.update(batch_size=shard.loader_batch_size, drop_last=False)
-        return shard, shard, resolve_seed(config, dl, n, False), kwargs
+        return shard, shard, Progress(resolve_seed(config, dl, n, False)), kwargs
     batch_sampler, as_sampler = _source_batch_sampler(dl)
     seed = resolve_seed(config, dl, n, _is_random(getattr(batch_sampler, "sampler", None)))
-    batch_sampler = with_seedable_sampler(batch_sampler, seed)
+    gen = user_generator(batch_sampler, config)
+    if gen is None:
+        batch_sampler = with_seedable_sampler(batch_sampler, seed)
     sampler = DispatchBatchSampler if dispatch else BatchSamplerShard
     shard = sampler(batch_sampler, n, rank, config.split_batches, config.even_batches)
     kwargs.update({"sampler": shard, "batch_size": None} if as_sampler else {"batch_sampler": shard})
-    return shard, dl.dataset, seed, kwargs
+    return (
+        shard,
+        dl.dataset,
+        Progress(seed, generator=gen, loader_generator=gen is not None and dl.generator is gen),
+        kwargs,
+    )
 
 
 def _check_args(dataloader: Any, num_processes: Any, process_index: Any, config: Any) -> None:
@@ -186,9 +216,10 @@ def prepare_data_loader(
 
     Accelerate's signature: what is not given (process coordinates, device, gradient state) comes
     from `PartialState()`, or the data-parallel coordinates of `torch_device_mesh`. With `config`
-    (the Accelerator's call) the options come from it and nothing is looked up. `rng_types` and
-    `use_seedable_sampler` are accepted for compatibility: shuffling is always a function of
-    (seed, epoch), so there is no RNG state to synchronise.
+    (the Accelerator's call) the options come from it and nothing is looked up. A shuffle with
+    the user's generator draws from it (rank 0's state, each pass); any other is a function of
+    (seed, epoch) (`use_seedable_sampler=True` or a `data_seed` ask for that with a generator too).
+    `rng_types` is accepted for compatibility: no other RNG is drawn from, so none is synchronised.
     """
     coords = _data_parallel_coords(torch_device_mesh) if torch_device_mesh is not None else None
     if coords is not None:
@@ -216,20 +247,76 @@ def prepare_data_loader(
         raise ValueError(
             "dispatch_batches=True with several processes needs torch.distributed initialized first"
         )
-    shard, dataset, seed, kwargs = _shard(dataloader, num_processes, process_index, config, dispatch)
-    kwargs.update(device=device, shard=shard, progress=Progress(seed), rank=process_index)
+    args = _prepared_args(
+        dataloader, num_processes, process_index, config, dispatch, device, put_on_device, gradient_state
+    )
+    if not dispatch:
+        return DataLoaderShard(args["dataset"], _prepared=args)
+    args.update(slice_fn=slice_fn_for_dispatch, world_size=num_processes)
+    return DataLoaderDispatcher(args["dataset"], _prepared=args)
+
+
+def _prepared_args(
+    dl: DataLoader,
+    n: int,
+    rank: int,
+    config: DataLoaderConfiguration,
+    dispatch: bool,
+    device: Any,
+    put_on_device: bool,
+    gradient_state: Any,
+) -> dict[str, Any]:
+    """The arguments a prepared loader is built from (a dispatcher's `channel` included)."""
+    shard, dataset, progress, kwargs = _shard(dl, n, rank, config, dispatch)
+    kwargs.update(dataset=dataset, device=device, shard=shard, progress=progress, rank=rank)
     kwargs.update(put_on_device=put_on_device, gradient_state=gradient_state)
     kwargs.update(
         non_blocking=bool(config.non_blocking), use_stateful_dataloader=bool(config.use_stateful_dataloader)
     )
     kwargs.update(
         total_batch_size=shard.spec.global_size if getattr(shard, "batch_size", 1) else None,
-        total_dataset_length=len(dataloader.dataset) if hasattr(dataloader.dataset, "__len__") else None,  # type: ignore[arg-type]
+        total_dataset_length=len(dl.dataset) if hasattr(dl.dataset, "__len__") else None,  # type: ignore[arg-type]
     )
-    if not dispatch:
-        return DataLoaderShard(dataset, **kwargs)
-    pin = bool(dataloader.pin_memory) and accelerator_device().type not in ("cpu", "xla")
-    channel = open_channel(num_processes, process_index, pin)  # collective, as every line above
-    return DataLoaderDispatcher(
-        dataset, channel=channel, slice_fn=slice_fn_for_dispatch, world_size=num_processes, **kwargs
+    if dispatch:
+        pin = bool(dl.pin_memory) and accelerator_device().type not in ("cpu", "xla")
+        kwargs["channel"] = open_channel(n, rank, pin)  # collective, as every line above
+    return kwargs
+
+
+def _direct_args(
+    dataset: Any,
+    loader_args: dict[str, Any],
+    *,
+    device: Any = None,
+    dispatch: bool = False,
+    split_batches: bool = False,
+    non_blocking: bool = False,
+    stateful: bool = False,
+    slice_fn: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
+    """`DataLoaderShard(dataset, **loader_args)` or `DataLoaderDispatcher(...)` built directly, as
+    in Accelerate: a shard is the whole loader of this one process; a dispatcher serves every
+    process of `PartialState()` from rank 0. torch checks `loader_args`, as for a DataLoader."""
+    if stateful and StatefulDataLoader is None:
+        raise ImportError("use_stateful_dataloader=True needs torchdata>=0.8: pip install torchdata")
+    with warnings.catch_warnings():  # torchdata 0.11 warns about its own deprecated call
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        dl = (StatefulDataLoader if stateful else DataLoader)(dataset, **loader_args)
+    n, rank = 1, 0
+    if dispatch:
+        state = PartialState()
+        n, rank, device = state.num_processes, state.process_index, state.device
+    config = DataLoaderConfiguration(
+        split_batches=split_batches,
+        dispatch_batches=dispatch,
+        non_blocking=non_blocking,
+        use_stateful_dataloader=stateful,
     )
+    _check_args(dl, n, rank, config)
+    args = _prepared_args(dl, n, rank, config, dispatch, device, device is not None, GradientState())
+    if dispatch:
+        args.update(slice_fn=slice_fn, world_size=n)
+    return args
+
+
+PreparedLoaderMixin._build_direct = staticmethod(_direct_args)

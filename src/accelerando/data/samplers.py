@@ -75,7 +75,7 @@ class SeedableRandomSampler(RandomSampler):
         return torch.cat(perms).tolist()  # never empty: RandomSampler refuses num_samples < 1
 
 
-def _set_epoch(obj: Any, epoch: int) -> None:
+def call_set_epoch(obj: Any, epoch: int) -> None:
     fn = getattr(obj, "set_epoch", None)
     if callable(fn):
         fn(epoch)
@@ -114,6 +114,24 @@ class BatchSamplerShard(Sampler[list[int]]):
         self.skip = 0
         self.remainder = -1
         self.pass_batches: int | None = None  # batches the pass begun last yields, when its start knows
+        self._pass_order: list[int] | None = None
+        self._in_pass = False
+
+    def begin_pass(self) -> None:
+        """A prepared loader's pass begins: its order is drawn once, however often torch (or
+        torchdata, restoring) calls `iter` on this sampler during the pass. Drawing it twice would
+        take two orders from a user's generator."""
+        self._pass_order = None
+        self._in_pass = True
+
+    def pass_order(self) -> list[int]:
+        """The wrapped sampler's indices for this pass (drawn anew on each call outside a pass)."""
+        if self._in_pass and self._pass_order is not None:
+            return self._pass_order
+        order = list(self.batch_sampler.sampler)
+        if self._in_pass:
+            self._pass_order = order
+        return order
 
     @property
     def spec(self) -> sh.ShardSpec:
@@ -132,8 +150,8 @@ class BatchSamplerShard(Sampler[list[int]]):
         return len(self.batch_sampler)
 
     def set_epoch(self, epoch: int) -> None:
-        _set_epoch(self.batch_sampler, epoch)
-        _set_epoch(getattr(self.batch_sampler, "sampler", None), epoch)
+        call_set_epoch(self.batch_sampler, epoch)
+        call_set_epoch(getattr(self.batch_sampler, "sampler", None), epoch)
 
     def full_length(self, rank: int | None = None) -> int:
         """Batches of this process (or of `rank`) in a whole epoch, ignoring `skip`."""
@@ -150,7 +168,7 @@ class BatchSamplerShard(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         spec, skip = self.spec, self.skip
         if self.plain:
-            indices = list(self.batch_sampler.sampler)
+            indices = self.pass_order()
             self.remainder = sh.remainder(len(indices), spec)
             self.pass_batches = max(sh.num_batches(len(indices), spec) - skip, 0)
             return sh.iter_rank_batches(indices, spec, skip)
@@ -216,7 +234,7 @@ class IterableDatasetShard(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        _set_epoch(self.dataset, epoch)
+        call_set_epoch(self.dataset, epoch)
 
     @property
     def total_length(self) -> int:

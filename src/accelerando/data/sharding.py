@@ -49,10 +49,11 @@ class ShardSpec:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size!r} must be an integer >= 1")
         if self.split_batches and self.batch_size % self.world_size != 0:
-            raise ValueError(
-                f"split_batches=True needs a batch size divisible by the number of processes, got "
-                f"batch_size={self.batch_size} for {self.world_size} processes; use a multiple of "
-                f"{self.world_size} or split_batches=False"
+            raise ValueError(  # Accelerate's words first: code and tests match on them
+                f"To use a `DataLoader` in `split_batches` mode, the batch size ({self.batch_size}) "
+                f"needs to be a round multiple of the number of processes ({self.world_size}). "
+                f"split_batches=True cuts each batch of batch_size={self.batch_size} into "
+                f"{self.world_size} equal pieces; use a multiple of {self.world_size} or split_batches=False"
             )
 
     @property

@@ -418,6 +418,54 @@ def check_rng_untouched_and_skip() -> None:
         assert rest == whole[4:], (dispatch, whole, rest)
 
 
+def check_user_generator() -> None:
+    """Shuffled with the user's generator, the order is drawn from it every epoch (rank 0's state
+    shared at each pass start): 2 ranks see exactly the 1-process run's batches on the same
+    generator, with or without split_batches or dispatch_batches (Accelerate's test_script)."""
+    for split, dispatch in itertools.product((False, True), (False, True)):
+        g = torch.Generator()
+        dl = DataLoader(Indexed(24), batch_size=4 * (WORLD if split else 1), shuffle=True, generator=g)
+        loader = prep(dl, split_batches=split, dispatch_batches=dispatch)
+        g.manual_seed(100 + RANK)  # after prepare, as test_script does; rank 0's seed must win
+        one = DataLoader(
+            Indexed(24), batch_size=4 * WORLD, shuffle=True, generator=torch.Generator().manual_seed(100)
+        )
+        for epoch in range(3):
+            ranks = everyone(drain(loader))
+            steps = [sum((r[k] for r in ranks), []) for k in range(len(ranks[0]))]
+            assert steps == [b.tolist() for b in one], (split, dispatch, epoch, steps)
+
+
+class WholeBatches(IterableDataset):
+    """Yields 5 ready-made batches of 4 (a DataLoader with batch_size=None)."""
+
+    def __iter__(self):
+        return (torch.arange(4 * k, 4 * k + 4) for k in range(5))
+
+    def __len__(self) -> int:
+        return 5
+
+
+def check_whole_batches() -> None:
+    """A dataset that makes its own batches, with or without dispatch_batches: each rank gets whole
+    batches in rank order (a short last round completed from the first under even_batches), or,
+    with split_batches, its piece of every batch."""
+    whole = [list(range(4 * k, 4 * k + 4)) for k in range(5)]
+    for split, even, dispatch in itertools.product((False, True), (True, False), (True, False)):
+        loader = prep(
+            DataLoader(WholeBatches(), batch_size=None),
+            dispatch_batches=dispatch,
+            split_batches=split,
+            even_batches=even,
+        )
+        got = everyone(drain(loader))
+        if split:
+            want = [[b[2 * r : 2 * r + 2] for b in whole] for r in range(WORLD)]
+        else:
+            want = [whole[0::2], whole[1::2] + ([whole[0]] if even else [])]
+        assert got == want, (split, even, dispatch, got)
+
+
 def check_gather_for_metrics() -> None:
     from accelerando import Accelerator
 
@@ -498,6 +546,8 @@ STATE_CASES = {
     "dispatch": ({"dispatch_batches": True}, 0),
     "workers": ({}, 2),
     "iterable_dispatch": ({}, -1),
+    "generator": ({}, 0),  # shuffled by the user's generator (seeded differently in data_resume.py)
+    "generator_dispatch": ({"dispatch_batches": True}, 0),
 }
 
 
@@ -506,7 +556,8 @@ def make_state_loader(name: str, stateful: bool) -> DataLoader:
     if workers < 0:
         dl = DataLoader(Stream(70), batch_size=2)
     else:
-        dl = DataLoader(Indexed(70), batch_size=2, shuffle=True, num_workers=workers)
+        gen = torch.Generator().manual_seed(torch.initial_seed() % 2**31) if "generator" in name else None
+        dl = DataLoader(Indexed(70), batch_size=2, shuffle=True, num_workers=workers, generator=gen)
     return prep(dl, use_stateful_dataloader=stateful, **cfg)
 
 
@@ -520,7 +571,10 @@ def save_states(out: Path) -> None:
         state = loader.state_dict()
         assert state["batches"] == 7 and state["epoch"] == 1
         rest = [as_ids(b) for b in it]
-        torch.save({"state": state, "rest": rest}, out / f"{name}_{int(stateful)}_rank{RANK}.pt")
+        following = drain(loader)  # the next epoch: a resumed run must go on exactly as this one
+        torch.save(
+            {"state": state, "rest": rest, "next": following}, out / f"{name}_{int(stateful)}_rank{RANK}.pt"
+        )
 
 
 def main() -> None:
@@ -540,6 +594,8 @@ def main() -> None:
     check_every_transport_route()
     check_dispatch_with_workers()
     check_rng_untouched_and_skip()
+    check_user_generator()
+    check_whole_batches()
     save_states(out)
     check_gather_for_metrics()
     check_scheduler_semantics()

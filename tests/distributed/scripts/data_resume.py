@@ -30,6 +30,7 @@ def main() -> None:
         rest = dm.drain(loader)
         assert rest == saved["rest"], (name, stateful, rest, saved["rest"])
         assert loader.epoch == 2 and loader.state_dict()["batches"] == 0
+        assert dm.drain(loader) == saved["next"], (name, stateful, "next epoch")
         checked += 1
     dist.barrier()
     if dm.RANK == 0:

@@ -120,7 +120,9 @@ def test_batch_sampler_passed_as_sampler() -> None:
 
 def test_bad_input_names_the_value() -> None:
     dl = DataLoader(Counting(8), batch_size=3)
-    with pytest.raises(ValueError, match="batch_size=3 for 2 processes"):
+    with pytest.raises(
+        ValueError, match=r"batch size \(3\) needs to be a round multiple of the number of processes \(2\)"
+    ):
         prepared(dl, 0, split_batches=True)
     with pytest.raises(ValueError, match="process_index=2"):
         prepared(dl, 2)

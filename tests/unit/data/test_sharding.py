@@ -173,7 +173,9 @@ def test_split_custom_batches(n: int, even: bool, drop: bool) -> None:
 
 
 def test_bad_specs_name_the_value() -> None:
-    with pytest.raises(ValueError, match="batch_size=3 for 2 processes"):
+    with pytest.raises(
+        ValueError, match=r"batch size \(3\) needs to be a round multiple of the number of processes \(2\)"
+    ):
         sh.ShardSpec(0, 2, 3, split_batches=True)
     with pytest.raises(ValueError, match="rank=2"):
         sh.ShardSpec(2, 2, 4)
