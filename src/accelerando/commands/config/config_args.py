@@ -83,14 +83,21 @@ class BaseConfig:
 
     @classmethod
     def _from_file(cls, path: Path) -> Any:
-        data = cls.process_config(yaml_config.read_mapping(path))
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
+        return cls.from_mapping(yaml_config.read_mapping(path), path, strict=True)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], path: str | os.PathLike[str], strict: bool = False) -> Any:
+        """The config read from `path` as `data`; keys this class lacks are an error when `strict`
+        (Accelerate's loaders), else left out (the launcher, which has already warned about them)."""
+        data = cls.process_config(data)
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown and strict:
             raise ValueError(
                 f"The config file at {path} had unknown keys ({unknown}); {cls.__name__} accepts "
-                f"{', '.join(f.name for f in fields(cls))}. Upgrade accelerando or remove these keys."
+                f"{', '.join(names)}. Upgrade accelerando or remove these keys."
             )
-        return cls(**data)
+        return cls(**{k: v for k, v in data.items() if k in names})
 
     @classmethod
     def from_json_file(cls, json_file: str | os.PathLike[str] | None = None) -> Any:
