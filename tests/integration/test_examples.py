@@ -50,6 +50,7 @@ def test_every_example_on_two_ranks_in_one_launch(tmp_path):
         ("cut", BY_FEATURE / "checkpointing.py", "--epochs", "2", "--output_dir", str(tmp_path / "cut"), "--stop_after", "25"),
         ("resumed", BY_FEATURE / "checkpointing.py", "--epochs", "2", "--output_dir", str(tmp_path / "cut"),
          "--resume_from_checkpoint", "latest"),
+        ("tracking", BY_FEATURE / "tracking.py", "--epochs", "1", "--project_dir", str(tmp_path / "tb")),
     ]  # fmt: skip
     argv: list[str] = []
     for _, script, *args in runs:
@@ -72,6 +73,22 @@ def test_every_example_on_two_ranks_in_one_launch(tmp_path):
     assert out["cut"]["stopped_at"] == "25", out["cut"]
     assert out["resumed"]["final_step"] == out["full"]["final_step"] == "32", (out["full"], out["resumed"])
     assert out["resumed"]["weights"] == out["full"]["weights"], (out["full"], out["resumed"])
+    _check_tensorboard_run(out["tracking"], tmp_path / "tb" / "tracking_example")
+
+
+def _check_tensorboard_run(printed: dict[str, str], log_dir: Path) -> None:
+    """The event files hold one loss per step (steps 0..n-1) and the epoch's accuracy, as printed."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert printed["log_dir"] == str(log_dir), printed
+    events = EventAccumulator(str(log_dir)).Reload()
+    losses = events.Scalars("train_loss")
+    assert [e.step for e in losses] == list(range(int(printed["steps"]))) and len(losses) == 16
+    assert losses[-1].value == pytest.approx(float(printed["last_loss"]), rel=1e-6)
+    assert losses[0].value > losses[-1].value  # it trained
+    (accuracy,) = events.Scalars("accuracy")
+    assert accuracy.step == 15 and accuracy.value == pytest.approx(float(printed["accuracy"]), rel=1e-6)
+    assert (log_dir / "hparams.yml").is_file()
 
 
 def test_fsdp_example_is_sharded_by_the_launcher_alone(tmp_path):

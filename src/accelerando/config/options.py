@@ -118,6 +118,14 @@ class ComputeEnvironment(BaseEnum):
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
 
 
+class SageMakerDistributedType(BaseEnum):
+    """`distributed_type` of a SageMaker config file (read and written; accelerando does not launch it)."""
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
+
+
 class KwargsHandler:
     """Base of the `*Kwargs` handlers: `to_kwargs()` returns only the fields the user changed."""
 

@@ -198,14 +198,17 @@ def load_config(path: str | os.PathLike[str]) -> ConfigFile:
     return flatten(migrate(read_mapping(p)), p)
 
 
-def save_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write YAML atomically (temporary name in the same folder, then rename)."""
+def save_config(data: Mapping[str, Any], path: str | os.PathLike[str], *, as_json: bool = False) -> Path:
+    """Write YAML (or JSON, which Accelerate also reads) atomically: temporary name, then rename."""
     p = Path(path).expanduser()
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            yaml.safe_dump(dict(data), fh, sort_keys=True, default_flow_style=False)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            if as_json:
+                fh.write(json.dumps(dict(data), indent=2, sort_keys=True) + "\n")
+            else:
+                yaml.safe_dump(dict(data), fh, sort_keys=True, default_flow_style=False)
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -32,6 +32,7 @@ from accelerando.config.options import (
     ProfileKwargs,
     ProjectConfiguration,
     RNGType,
+    SageMakerDistributedType,
     TorchDynamoPlugin,
 )
 from accelerando.parallelism_config import (
@@ -162,6 +163,7 @@ __all__ = [
     "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
+    "SageMakerDistributedType",
     "TorchContextParallelConfig",
     "TorchDynamoPlugin",
     "TorchTensorParallelConfig",

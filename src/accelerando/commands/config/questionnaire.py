@@ -1,4 +1,4 @@
-"""`accelerando config`: write the per-user launch config (questionnaire, `default`, `update`).
+"""`accelerando config` without a sub-command: the questionnaire that writes the launch config.
 
 The file is Accelerate's format, so it also works with `accelerate launch`, and lives at
 `$ACCELERANDO_CONFIG_FILE`, else `$HF_HOME/accelerando/default_config.yaml`.
@@ -13,8 +13,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from accelerando.commands._args import add_flag
-
 _KINDS = {
     "1": ("NO", "one process (no distributed training)"),
     "2": ("MULTI_CPU", "several CPU processes (gloo)"),
@@ -23,20 +21,6 @@ _KINDS = {
     "5": ("DEEPSPEED", "DeepSpeed (ZeRO stages 0-3)"),
 }
 _NOT_YET: dict[str, str] = {}  # choices listed with the reason they are refused
-
-
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser("config", help="create or update the launch config file")
-    add_flag(parser, "config_file", default=None, help="file to write (default: the per-user file)")
-    parser.set_defaults(func=run_questionnaire)
-    actions = parser.add_subparsers(dest="config_command")
-    default = actions.add_parser("default", help="write a basic config for this machine, no questions")
-    add_flag(default, "config_file", default=argparse.SUPPRESS, help="file to write")
-    add_flag(default, "mixed_precision", default="no", choices=("no", "fp16", "bf16", "fp8"))
-    default.set_defaults(func=run_default)
-    update = actions.add_parser("update", help="migrate an older config file to the current layout")
-    add_flag(update, "config_file", default=argparse.SUPPRESS, help="file to update")
-    update.set_defaults(func=run_update)
 
 
 def _target(path: str | None) -> Path:
@@ -289,33 +273,4 @@ def run_questionnaire(args: argparse.Namespace) -> int:
     target = _target(args.config_file)
     path = save_config(check_launchable(questionnaire(), target), target)
     print(f"accelerando config: written to {path}")
-    return 0
-
-
-def run_default(args: argparse.Namespace) -> int:
-    """Write a minimal config for what this machine has; leave an existing file alone."""
-    from accelerando.config.yaml_config import basic_config, save_config
-    from accelerando.devices.registry import accelerator_device
-
-    path = _target(args.config_file)
-    if path.exists():
-        print(
-            f"accelerando config default: {path} already exists; remove it or use `accelerando config update`"
-        )
-        return 0
-    device = accelerator_device()
-    count = device.device_count() if device.type != "cpu" else 0
-    save_config(basic_config(args.mixed_precision, device.type, count), path)
-    print(f"accelerando config default: written to {path}")
-    return 0
-
-
-def run_update(args: argparse.Namespace) -> int:
-    """Load (migrating legacy keys), report unknown keys, write back in the current layout."""
-    from accelerando.config.yaml_config import load_config, migrate, read_mapping, save_config
-
-    path = _target(args.config_file)
-    load_config(path)  # validates and warns about unknown keys
-    save_config(migrate(read_mapping(path)), path)
-    print(f"accelerando config update: {path} updated")
     return 0
