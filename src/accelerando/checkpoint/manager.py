@@ -134,7 +134,7 @@ class Checkpointer:
         if atomic.any_rank(error is not None):
             stage.abort()
             if error is not None:
-                raise error
+                raise _explained(error, stage.path, target)
             raise CheckpointError(
                 f"another rank failed while saving {str(target)!r}; the previous checkpoint is intact"
             )
@@ -302,6 +302,24 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Saves are synchronous today; kept so an asynchronous checkpointer can slot in."""
+
+
+def _explained(error: BaseException, staging: Path, target: Path) -> BaseException:
+    """A save that ran out of space says so, and what became of the partial and the old checkpoint."""
+    from accelerando.checkpoint.diskspace import SPACE_ERRNOS, OutOfSpaceError, space_errno
+
+    code = space_errno(error)
+    if code is None:
+        return error
+    detail = error.strerror if isinstance(error, OutOfSpaceError) else SPACE_ERRNOS[code]
+    filename = error.filename if isinstance(error, OSError) and error.filename else str(staging)
+    kept = (
+        f"the existing {target.name} is unchanged" if target.exists() else "no earlier checkpoint was touched"
+    )
+    message = f"saving {str(target)!r}: {detail}; the partial save {staging.name} was removed and {kept}"
+    explained = OutOfSpaceError(code, message, filename)
+    explained.__cause__ = error
+    return explained
 
 
 def _loader_state(dl: Any) -> tuple[dict[str, Any], str]:
