@@ -226,6 +226,7 @@ class StagedCheckpoint:
         barrier()  # no rank still writes into the staging directory
         if self.is_writer:
             shutil.rmtree(self.path, ignore_errors=True)
+        barrier()  # and on every rank it is gone when save_state raises
 
 
 def _unmeasured(name: str) -> int:
