@@ -20,6 +20,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from accelerando.checkpoint.confine import UnsafePathError, confined
+
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "accelerando.checkpoint"
 FORMAT_VERSION = 1
@@ -301,7 +303,10 @@ def validate_checkpoint(path: str | os.PathLike[str], verify: str = "full", work
     problems: list[str] = []
     to_hash: list[str] = []
     for name, record in sorted(manifest.files.items()):
-        file = directory / name
+        try:
+            file = confined(directory, name, f"{str(directory / MANIFEST_NAME)!r}")
+        except UnsafePathError as err:
+            raise CheckpointError(str(err)) from err
         if not file.is_file():
             problems.append(f"missing file {name!r}")
         elif file.stat().st_size != record.size:
