@@ -4,6 +4,7 @@ launcher takes its workers with it (issue 25). Real console script, real process
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -66,3 +67,19 @@ def test_sigkill_of_the_launcher_leaves_no_orphan_workers(tmp_path: Path, no_pyt
                 os.kill(pid, signal.SIGKILL)
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_killed_rank_restarts_resumes_and_ends_bit_identical(tmp_path: Path) -> None:
+    """Rank 1 is SIGKILLed at a seeded step between two checkpoints; `--max_restarts 1` restarts the
+    group, `load_state()` resumes from the newest checkpoint (the loader skips what was trained), and
+    the final weights equal those of an uninterrupted run of the same loop bit for bit (the script
+    trains that reference afterwards in the same processes: one launch instead of two)."""
+    every, total = 4, 24  # cli_resume.py: a checkpoint every 4 steps, 24 steps in all
+    kill_at = random.Random(25).choice([s for s in range(every + 1, total) if s % every])
+    args = ["launch", "-q", "--cpu", "--num_processes", "2", "--max_restarts", "1", "cli_resume.py",
+            str(tmp_path / "project"), str(kill_at)]  # fmt: skip
+    proc = run_cli(args, clean_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "will restart worker group" in proc.stderr
+    assert f"RESUMED at step {kill_at // every * every} " in proc.stdout, proc.stdout
+    assert "FINISHED 24 steps" in proc.stdout and "BIT-IDENTICAL" in proc.stdout, proc.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -212,7 +213,21 @@ class Checkpointer:
         latest = naming.latest_checkpoint(root)
         if latest is None:
             raise CheckpointError(f"no complete checkpoint under {str(root)!r}")
+        self._remove_leftovers(root, latest)
         return latest
+
+    def _remove_leftovers(self, root: Path, latest: Path) -> None:
+        """Resuming: partial checkpoints left by a killed save are never loaded; say so and delete them."""
+        if self._is_writer:
+            for partial in naming.leftovers(root):
+                logger.warning(
+                    "ignoring %s, a checkpoint whose save did not finish (the process was killed while "
+                    "writing it); resuming from %s and removing it",
+                    partial,
+                    latest.name,
+                )
+                shutil.rmtree(partial, ignore_errors=True)
+        atomic.barrier()
 
     def load_state(
         self,
