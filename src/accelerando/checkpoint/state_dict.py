@@ -117,7 +117,7 @@ def write_model_file(
 ) -> None:
     """One model's weights: safetensors when `safe`, else `torch.save` (loaded weights-only)."""
     if not safe:
-        _torch_save(path, state_dict)
+        save_torch_file(path, state_dict)
         return
     tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
     tensors, aliases = dedupe_shared(tensors, drop_first)
@@ -145,17 +145,17 @@ def write_data_file(path: Path, obj: Any) -> None:
     try:
         from torch.utils.serialization import config
     except ImportError:  # older torch: no switch, save as usual
-        _torch_save(path, obj)
+        save_torch_file(path, obj)
         return
     previous = config.save.compute_crc32
     config.save.compute_crc32 = False
     try:
-        _torch_save(path, obj)
+        save_torch_file(path, obj)
     finally:
         config.save.compute_crc32 = previous
 
 
-def _torch_save(path: Path, obj: Any) -> None:
+def save_torch_file(path: Path, obj: Any) -> None:
     """`torch.save` through a Python file object: as fast as a path, and a failed write keeps its
     OSError (a path goes through C++ streams, which report only "unexpected pos")."""
     with reporting_space(path, lambda: serialized_size(obj)), open(path, "wb") as f:

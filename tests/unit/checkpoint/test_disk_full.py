@@ -77,3 +77,16 @@ def test_enospc_is_named_as_no_space_left(tmp_path: Path, setup: Setup) -> None:
         setup.acc.save_state(str(tmp_path / "ck"))
     assert info.value.errno == errno.ENOSPC and info.value.filename.endswith("extra.bin")
     assert not (tmp_path / ".ck.incomplete").exists() and not (tmp_path / "ck").exists()
+
+
+def test_file_size_limit_during_save_model(tmp_path: Path, setup: Setup) -> None:
+    """`save_model` (an export, not a checkpoint) fails the same way and keeps the previous export."""
+    out = tmp_path / "export"
+    setup.acc.save_model(setup.model, str(out))
+    before = (out / "model.safetensors").read_bytes()
+    setup.step()
+    with file_size_limit(200), pytest.raises(OutOfSpaceError, match="no space left") as info:
+        setup.acc.save_model(setup.model, str(out))
+    assert Path(info.value.filename).name == "model.safetensors"
+    assert (out / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]  # no staging left
