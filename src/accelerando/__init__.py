@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from accelerando._as_accelerate import as_accelerate
+from accelerando._import_noise import silence_known_import_noise
 from accelerando.accelerator import Accelerator
 from accelerando.big_modeling import (
     cpu_offload,
@@ -58,6 +59,7 @@ def _apply_as_accelerate_switch() -> None:
 
 _install_rich_tracebacks()
 _apply_as_accelerate_switch()
+silence_known_import_noise()
 
 __all__ = [
     "AORecipeKwargs",

@@ -175,7 +175,9 @@ class PartialState(_PicklesAsView):
     def debug(self) -> bool:
         """Accelerate's debug mode (ACCELERANDO_DEBUG_MODE, `launch --debug`): gather, reduce, broadcast
         and pad_across_processes first check that every rank passes the same shapes and raise
-        `DistributedOperationException` listing them otherwise. Settable at run time."""
+        `DistributedOperationException` listing them otherwise; those and `wait_for_everyone` also
+        raise, naming each rank's call site, when ranks call different collectives or some never
+        call one (ops/announce.py). Settable at run time."""
         return self._rt.debug
 
     @debug.setter
@@ -193,6 +195,10 @@ class PartialState(_PicklesAsView):
     # ---- control ---------------------------------------------------------------------------
     def wait_for_everyone(self) -> None:
         if self.use_distributed:
+            if self.debug:  # a barrier reached by some ranks only names every rank's call site
+                from accelerando.ops.announce import announce
+
+                announce("wait_for_everyone", [])
             dist.barrier()
 
     @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def test_exception_mid_save_keeps_previous(tmp_path: Path) -> None:
     assert "FAILURES raise ok" in proc.stdout
 
 
-def test_sigkill_mid_save_keeps_previous(tmp_path: Path) -> None:
+def test_sigkill_mid_save_keeps_previous(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     run_distributed(SCRIPT, ["kill", str(tmp_path)], timeout=120, expect_success=False)
     root = tmp_path / "proj" / "checkpoints"
     assert [i for i, _ in list_checkpoints(root)] == [0]
@@ -39,7 +40,11 @@ def test_sigkill_mid_save_keeps_previous(tmp_path: Path) -> None:
     assert good == root / "checkpoint_0"
     validate_checkpoint(good)
     acc, model, _ = _script_module().build(tmp_path / "proj")  # one process loads what two saved
-    assert acc.load_state() == str(good)
+    with caplog.at_level(logging.WARNING, logger="accelerando.checkpoint.manager"):
+        assert acc.load_state() == str(good)  # no path: the newest complete one, the partial is dropped
+    assert not half.exists(), "the partial checkpoint of the killed save was not removed"
+    assert any(".checkpoint_1.incomplete" in r.getMessage() and "did not finish" in r.getMessage()
+               for r in caplog.records), caplog.text  # fmt: skip
     want = torch.load(tmp_path / "good_weights.pt", weights_only=True)
     assert all(torch.equal(a, b) for a, b in zip(want, model.parameters()))
     assert acc.project_configuration.iteration == 1

@@ -122,7 +122,9 @@ def test_failing_rank_ends_job_with_its_traceback_first(tmp_path: Path) -> None:
         if "also:" in report
         else True
     )
-    assert 'File "cli_fail.py"' in report and "runpy" not in report
+    assert "ValueError: boom from rank 1" in report and "runpy" not in proc.stderr
+    # printed once (by the worker, with its frames), not again in the report
+    assert proc.stderr.count('File "cli_fail.py", line 11, in explode') == 1, proc.stderr
     assert "ChildFailedError" not in proc.stderr  # torch's box is replaced by our report
 
 

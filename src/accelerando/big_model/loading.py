@@ -45,6 +45,7 @@ from accelerando.big_model.transfer import (
     has_streams,
     raw_reads_supported,
 )
+from accelerando.checkpoint.confine import confined
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,11 @@ def resolve_checkpoint_files(checkpoint: str | os.PathLike[str]) -> list[Path]:
             "which does not exist."
         )
     if path.name.endswith(".json"):
-        return [path.parent / name for name in dict.fromkeys(_weight_map(path).values())]
+        names = dict.fromkeys(_weight_map(path).values())
+        # A shard may resolve where the index itself does (the HF cache links both into `blobs`).
+        return [
+            confined(path.parent, name, f"index {str(path)!r}", [path.resolve().parent]) for name in names
+        ]
     return [path]
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from accelerando.checkpoint.confine import UnsafePathError, confined
+
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "accelerando.checkpoint"
 FORMAT_VERSION = 1
@@ -150,14 +152,18 @@ class StagedCheckpoint:
 
         `content` is a callable `writer(path)`, or data saved with `torch.save` (loaded weights-only).
         """
+        from accelerando.checkpoint.diskspace import reporting_space, serialized_size
+
         path = self.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if callable(content):
-            content(path)
+            with reporting_space(path, lambda: _unmeasured(name)):
+                content(path)
         else:
             from accelerando.checkpoint.state_dict import write_data_file
 
-            write_data_file(path, content)
+            with reporting_space(path, lambda: serialized_size(content)):
+                write_data_file(path, content)
         self.track(name)
 
     def track(self, name: str) -> None:
@@ -175,11 +181,24 @@ class StagedCheckpoint:
         return {name: fut.result() for name, fut in self._pending.items()}
 
     def publish(self, world_size: int, extra: dict[str, Any], untracked_ok: bool = False) -> Path:
-        """Gather every rank's records, write the manifest last and rename into place (writer rank)."""
-        local = self.records()
+        """Gather every rank's records, write the manifest last and rename into place (writer rank).
+
+        A file that failed to flush on any rank (ENOSPC can surface at fsync) aborts the save.
+        """
+        error: BaseException | None = None
+        try:
+            local = self.records()
+        except Exception as err:  # noqa: BLE001 - every rank must learn of it before anyone publishes
+            error, local = err, {}
         self._pool.shutdown()
+        parts = all_gather_object((local, error is not None))
+        if any(failed for _, failed in parts):
+            self.abort()
+            if error is not None:
+                raise error
+            raise CheckpointError(f"another rank failed to flush its files for {str(self.target)!r}")
         merged: dict[str, FileRecord] = {}
-        for part in all_gather_object(local):
+        for part, _ in parts:
             merged.update(part)
         if self.is_writer:
             if not untracked_ok:
@@ -203,9 +222,17 @@ class StagedCheckpoint:
                     merged[rel] = _flush_and_record(self.path / rel)
 
     def abort(self) -> None:
-        """Stop without publishing: the previous checkpoint stays; the staging directory is left
-        for inspection and removed by the next save to the same target."""
+        """Stop without publishing (every rank calls it): the previous checkpoint stays, and the
+        staging directory is removed, so a save that failed on a full disk does not keep it full."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        barrier()  # no rank still writes into the staging directory
+        if self.is_writer:
+            shutil.rmtree(self.path, ignore_errors=True)
+        barrier()  # and on every rank it is gone when save_state raises
+
+
+def _unmeasured(name: str) -> int:
+    raise ValueError(f"the size of {name} is known only to its writer")
 
 
 def write_file_atomically(target: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
@@ -276,7 +303,10 @@ def validate_checkpoint(path: str | os.PathLike[str], verify: str = "full", work
     problems: list[str] = []
     to_hash: list[str] = []
     for name, record in sorted(manifest.files.items()):
-        file = directory / name
+        try:
+            file = confined(directory, name, f"{str(directory / MANIFEST_NAME)!r}")
+        except UnsafePathError as err:
+            raise CheckpointError(str(err)) from err
         if not file.is_file():
             problems.append(f"missing file {name!r}")
         elif file.stat().st_size != record.size:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -134,7 +135,7 @@ class Checkpointer:
         if atomic.any_rank(error is not None):
             stage.abort()
             if error is not None:
-                raise error
+                raise _explained(error, stage.path, target)
             raise CheckpointError(
                 f"another rank failed while saving {str(target)!r}; the previous checkpoint is intact"
             )
@@ -212,7 +213,21 @@ class Checkpointer:
         latest = naming.latest_checkpoint(root)
         if latest is None:
             raise CheckpointError(f"no complete checkpoint under {str(root)!r}")
+        self._remove_leftovers(root, latest)
         return latest
+
+    def _remove_leftovers(self, root: Path, latest: Path) -> None:
+        """Resuming: partial checkpoints left by a killed save are never loaded; say so and delete them."""
+        if self._is_writer:
+            for partial in naming.leftovers(root):
+                logger.warning(
+                    "ignoring %s, a checkpoint whose save did not finish (the process was killed while "
+                    "writing it); resuming from %s and removing it",
+                    partial,
+                    latest.name,
+                )
+                shutil.rmtree(partial, ignore_errors=True)
+        atomic.barrier()
 
     def load_state(
         self,
@@ -302,6 +317,24 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Saves are synchronous today; kept so an asynchronous checkpointer can slot in."""
+
+
+def _explained(error: BaseException, staging: Path, target: Path) -> BaseException:
+    """A save that ran out of space says so, and what became of the partial and the old checkpoint."""
+    from accelerando.checkpoint.diskspace import SPACE_ERRNOS, OutOfSpaceError, space_errno
+
+    code = space_errno(error)
+    if code is None:
+        return error
+    detail = error.strerror if isinstance(error, OutOfSpaceError) else SPACE_ERRNOS[code]
+    filename = error.filename if isinstance(error, OSError) and error.filename else str(staging)
+    kept = (
+        f"the existing {target.name} is unchanged" if target.exists() else "no earlier checkpoint was touched"
+    )
+    message = f"saving {str(target)!r}: {detail}; the partial save {staging.name} was removed and {kept}"
+    explained = OutOfSpaceError(code, message, filename)
+    explained.__cause__ = error
+    return explained
 
 
 def _loader_state(dl: Any) -> tuple[dict[str, Any], str]:

@@ -108,12 +108,10 @@ def write_sharded_weights(
         for filename, names in split.filename_to_tensors.items():
             shard = {name: tensors[name] for name in names}
             path = staging / filename
-            if safe_serialization:
-                from safetensors.torch import save_file
-
-                save_file(shard, str(path), metadata=metadata)
+            if safe_serialization:  # our writers keep the OS error of a full disk (OutOfSpaceError)
+                sd_io.write_safetensors(path, shard, metadata)
             else:
-                torch.save(shard, path)
+                sd_io.save_torch_file(path, shard)
             atomic.fsync_path(path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # nothing half-written is left behind
@@ -151,17 +149,15 @@ def save(strategy: Strategy, obj: Any, f: Any, safe_serialization: bool = False)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     try:
         if safe_serialization:
-            from safetensors.torch import save_file
-
             if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
                 raise TypeError(
                     f"save(..., safe_serialization=True) needs a dict of tensors; got {type(obj).__name__}"
                 )
             tensors, aliases = sd_io.dedupe_shared({k: v.contiguous() for k, v in obj.items()})
             meta = {"format": "pt", **({sd_io.ALIASES_KEY: json.dumps(aliases)} if aliases else {})}
-            save_file(tensors, str(tmp), metadata=meta)
+            sd_io.write_safetensors(tmp, tensors, meta)
         else:
-            torch.save(obj, tmp)
+            sd_io.save_torch_file(tmp, obj)
         atomic.fsync_path(tmp)
         os.replace(tmp, target)
         atomic.fsync_path(target.parent if str(target.parent) else Path("."))

@@ -11,6 +11,7 @@ from accelerando.checkpoint.atomic import fsync_path, is_complete
 
 CHECKPOINTS_DIR = "checkpoints"
 _NAME = re.compile(r"^checkpoint_(\d+)$")
+_LEFTOVER = re.compile(r"^\.checkpoint_\d+\.(incomplete|deleting)$")
 
 
 def checkpoints_root(project_dir: str | os.PathLike[str] | None) -> Path:
@@ -37,6 +38,14 @@ def list_checkpoints(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
         if match and entry.is_dir() and is_complete(entry):
             found.append((int(match.group(1)), entry))
     return sorted(found)
+
+
+def leftovers(root: str | os.PathLike[str]) -> list[Path]:
+    """Folders a killed save or removal left under `root`: `.checkpoint_N.incomplete` / `.deleting`."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    return sorted(entry for entry in base.iterdir() if entry.is_dir() and _LEFTOVER.match(entry.name))
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from accelerando.checkpoint.diskspace import reporting_space, serialized_size
+
 ALIASES_KEY = "accelerando_aliases"
 
 
@@ -102,7 +104,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
+    with reporting_space(path, lambda: 8 + len(raw) + offset), open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for t in tensors.values():
@@ -115,7 +117,7 @@ def write_model_file(
 ) -> None:
     """One model's weights: safetensors when `safe`, else `torch.save` (loaded weights-only)."""
     if not safe:
-        torch.save(state_dict, path)
+        save_torch_file(path, state_dict)
         return
     tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
     tensors, aliases = dedupe_shared(tensors, drop_first)
@@ -143,14 +145,21 @@ def write_data_file(path: Path, obj: Any) -> None:
     try:
         from torch.utils.serialization import config
     except ImportError:  # older torch: no switch, save as usual
-        torch.save(obj, path)
+        save_torch_file(path, obj)
         return
     previous = config.save.compute_crc32
     config.save.compute_crc32 = False
     try:
-        torch.save(obj, path)
+        save_torch_file(path, obj)
     finally:
         config.save.compute_crc32 = previous
+
+
+def save_torch_file(path: Path, obj: Any) -> None:
+    """`torch.save` through a Python file object: as fast as a path, and a failed write keeps its
+    OSError (a path goes through C++ streams, which report only "unexpected pos")."""
+    with reporting_space(path, lambda: serialized_size(obj)), open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def load_data_file(path: Path) -> Any:

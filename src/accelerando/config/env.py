@@ -221,6 +221,9 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
     return int(value) if value and value.isdigit() else 0
 
 
+AGENT_PID = "ACCELERANDO_AGENT_PID"
+
+
 def launch_environment(
     exports: Mapping[str, str], base: Mapping[str, str] | None = None, *, shared_store: bool = False
 ) -> dict[str, str]:
@@ -228,10 +231,12 @@ def launch_environment(
 
     `exports` are the launcher's settings for the training processes. Unless the caller already
     chose, the agent's rendezvous store is not shared with the workers, the configuration that
-    made restarts reliable on CPU (cpu-notes.md section 12).
+    made restarts reliable on CPU (cpu-notes.md section 12). `ACCELERANDO_AGENT_PID` names this
+    process, the agent, so that a worker can tell whether its parent already died.
     """
     base = os.environ if base is None else base
     out = {k: str(v) for k, v in exports.items()}
+    out[AGENT_PID] = str(os.getpid())  # the worker bootstrap ends itself when this process dies
     if not shared_store and DISABLE_SHARED_STORE not in base:
         out[DISABLE_SHARED_STORE] = "1"
     return out

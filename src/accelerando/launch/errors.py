@@ -1,12 +1,17 @@
 """Turning what torch's elastic agent reports into messages a user reads first.
 
 The agent's `ChildFailedError` lists every failed rank in a wide box after pages of log lines; we
-print the root cause (the earliest failure that left a traceback) first, then one line per other
-failed rank. Rendezvous failures become one paragraph that names the address and what to check.
+name the root cause first, then one line per other failed rank. The root cause is the rank that
+failed on its own: killed by a signal the agent did not send (the OOM killer, `kill -9`), else the
+earliest exception. A signal death comes first because it is what makes its peers raise
+("Connection reset by peer"), never the other way round. Rendezvous failures become one paragraph
+that names the address and what to check.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Collection
 from typing import Any
 
 RULE = "=" * 78
@@ -35,32 +40,92 @@ def _traceback(failure: Any) -> str | None:
     return None
 
 
-def root_cause(failures: dict[int, Any]) -> tuple[int, Any]:
-    """The failure to show first: earliest with a traceback, else earliest non-signal, else earliest."""
+class AgentSignals(logging.Handler):
+    """Remembers the pids torch's agent sent a closing signal to, from its own log records.
+
+    The agent logs each signal it sends ("Sending process %s closing signal %s", "Closing process
+    %s via signal %s", "... forcefully exiting via %s") with the pid as the first argument; a worker
+    killed by a signal and not in this set was killed by something else.
+    """
+
+    _MARKS = ("closing signal", "via signal", "forcefully exiting")
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.pids: set[int] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if any(mark in str(record.msg) for mark in self._MARKS) and record.args:
+            first = record.args[0] if isinstance(record.args, tuple) else None
+            if isinstance(first, int):
+                self.pids.add(first)
+
+
+def root_cause(failures: dict[int, Any], agent_signalled: Collection[int] | None = None) -> tuple[int, Any]:
+    """The failure to show first (see the module docstring).
+
+    Tiers: killed by a signal the agent did not send (only when `agent_signalled` is known), then
+    the earliest recorded exception, then a plain non-zero exit, then the rest; earliest first.
+    """
 
     def key(item: tuple[int, Any]) -> tuple[int, float, int]:
         rank, failure = item
-        tier = 0 if _traceback(failure) else (1 if failure.exitcode > 0 else 2)
+        if agent_signalled is not None and failure.exitcode < 0 and failure.pid not in agent_signalled:
+            tier = 0
+        elif _traceback(failure):
+            tier = 1
+        else:
+            tier = 2 if failure.exitcode > 0 else 3
         return tier, _time(failure), rank
 
     return min(failures.items(), key=key)
 
 
-def _describe(rank: int, failure: Any) -> str:
+def _describe(rank: int, failure: Any, agent_signalled: Collection[int] | None = None) -> str:
     if failure.exitcode < 0:
         how = f"was killed by signal {failure.signal_name()}"
+        if agent_signalled is not None:
+            how += (
+                " (sent by the launcher)" if failure.pid in agent_signalled else " (not sent by the launcher)"
+            )
     else:
         how = f"exited with code {failure.exitcode}"
     return f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}"
 
 
-def format_child_failure(failures: dict[int, Any], script: str) -> str:
-    """A report of the failed worker group: root-cause traceback first, then the others."""
-    rank, failure = root_cause(failures)
-    lines = [RULE, f"accelerando launch: {script} failed; first failure: {_describe(rank, failure)}", RULE]
+def _summary(failure: Any) -> str:
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+    return str(message).strip().splitlines()[0] if str(message or "").strip() else ""
+
+
+def format_child_failure(
+    failures: dict[int, Any],
+    script: str,
+    agent_signalled: Collection[int] | None = None,
+    tracebacks_shown: bool = False,
+) -> str:
+    """A report of the failed worker group: the root cause first, then one line per other rank.
+
+    `tracebacks_shown`: the workers already printed their tracebacks to this console (the
+    `accelerando launch` worker does), so the report names the exception and points there instead
+    of printing the same traceback a second time.
+    """
+    rank, failure = root_cause(failures, agent_signalled)
+    headline = (
+        f"accelerando launch: {script} failed; first failure: {_describe(rank, failure, agent_signalled)}"
+    )
+    lines = [RULE, headline, RULE]
     stack = _traceback(failure)
-    if stack:
+    if stack and tracebacks_shown:
+        last = stack.rstrip().splitlines()[-1]
+        lines.append(f'{last}\n(its full traceback is printed above, after "[rank {rank}] Traceback")')
+    elif stack:
         lines.append(stack.rstrip())
+    elif failure.exitcode < 0:
+        lines.append(
+            f"(no Python traceback: a process killed by {failure.signal_name()} cannot record one; if nobody "
+            "sent it on purpose, the kernel's out-of-memory killer may have: see `dmesg`)"
+        )
     else:
         lines.append(
             f"(no Python traceback was recorded: the process {failure.message or 'ended without one'}; "
@@ -70,16 +135,16 @@ def format_child_failure(failures: dict[int, Any], script: str) -> str:
     if others:
         lines.append("-" * 78)
         for other_rank, other in others:
-            message = other.message.get("message", "") if isinstance(other.message, dict) else other.message
-            summary = str(message).strip().splitlines()[0] if str(message or "").strip() else ""
-            lines.append(f"also: {_describe(other_rank, other)}" + (f": {summary}" if summary else ""))
+            summary = _summary(other)
+            described = _describe(other_rank, other, agent_signalled)
+            lines.append(f"also: {described}" + (f": {summary}" if summary else ""))
     lines.append(RULE)
     return "\n".join(lines)
 
 
-def exit_code(failures: dict[int, Any]) -> int:
+def exit_code(failures: dict[int, Any], agent_signalled: Collection[int] | None = None) -> int:
     """The launcher's exit status: the root-cause rank's own code when it is a plain failure."""
-    _, failure = root_cause(failures)
+    _, failure = root_cause(failures, agent_signalled)
     return int(failure.exitcode) if 0 < failure.exitcode < 256 else 1
 
 

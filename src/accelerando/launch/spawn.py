@@ -29,6 +29,9 @@ class _Recorder:
         self.__qualname__ = getattr(function, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> Any:
+        from accelerando.launch.worker import die_with_parent
+
+        die_with_parent()  # a killed notebook kernel or test process takes its ranks with it
         try:
             return self.function(*args)
         except BaseException as exc:

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from accelerando.config import env as envmod
-from accelerando.launch.errors import exit_code, format_child_failure, format_rendezvous_failure
+from accelerando.launch.errors import (
+    AgentSignals,
+    exit_code,
+    format_child_failure,
+    format_rendezvous_failure,
+)
 from accelerando.launch.settings import Resolved, child_exports, parse_rdzv_conf, parse_tee
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -42,10 +47,9 @@ class Target:
             raise ValueError(f"training script {self.script!r} does not exist")
 
     def entrypoint(self) -> tuple[str, list[str]]:
-        """Executable and arguments; Python targets go through the recording worker bootstrap."""
-        if self.no_python:
-            return self.script, list(self.args)
-        mode = "--module" if self.module else "--script"
+        """Executable and arguments: all go through the worker bootstrap (parent-death signal; Python
+        targets also get their exception recorded); `--no_python` programs are exec'd by it."""
+        mode = "--exec" if self.no_python else "--module" if self.module else "--script"
         return sys.executable, ["-u", str(WORKER), mode, self.script, *self.args]
 
 
@@ -101,19 +105,26 @@ class _RestartNotice(logging.Handler):
             self._write(f"accelerando launch: {record.getMessage().split('] ', 1)[-1]}")
 
 
-def quiet_agent_logs(debug: bool, write: Callable[[str], None]) -> None:
-    """Silence torch's elastic loggers unless `--debug`; keep restart notices."""
+def quiet_agent_logs(debug: bool, write: Callable[[str], None]) -> AgentSignals:
+    """Silence torch's elastic loggers unless `--debug`; keep restart notices.
+
+    Returns the handler that records which workers the agent itself signalled (for the report).
+    """
     import torch.distributed.elastic.agent.server.api as agent_api
+    import torch.distributed.elastic.multiprocessing.api as mp_api
     import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend  # noqa: F401 - create its logger now
     import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401
     import torch.distributed.elastic.rendezvous.static_tcp_rendezvous  # noqa: F401
 
+    signals = AgentSignals()
+    mp_logger = mp_api.logger
+    mp_logger.handlers = [h for h in mp_logger.handlers if not isinstance(h, AgentSignals)] + [signals]
     if debug:
         logging.basicConfig(level=logging.INFO)
         for name in list(logging.Logger.manager.loggerDict):
             if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
                 logging.getLogger(name).setLevel(logging.INFO)
-        return
+        return signals
     for name in list(logging.Logger.manager.loggerDict):
         if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
             logging.getLogger(name).setLevel(logging.CRITICAL + 1)
@@ -121,6 +132,9 @@ def quiet_agent_logs(debug: bool, write: Callable[[str], None]) -> None:
     agent_logger.setLevel(logging.INFO)
     agent_logger.propagate = False
     agent_logger.handlers = [_RestartNotice(write)]
+    mp_logger.setLevel(logging.WARNING)  # its closing-signal lines reach `signals` only
+    mp_logger.propagate = False
+    return signals
 
 
 def connect_timeout(r: Resolved) -> float:
@@ -167,7 +181,7 @@ def run(r: Resolved, target: Target, device_type: str, write: Callable[[str], No
 
     envmod.export(envmod.launch_environment(child_exports(r, device_type)))
     config = build_launch_config(r)
-    quiet_agent_logs(bool(r["debug"]), write)
+    signals = quiet_agent_logs(bool(r["debug"]), write)
     if r["num_machines"] > 1:
         write(
             f"accelerando launch: machine {r['machine_rank']} of {r['num_machines']} joining the "
@@ -179,8 +193,9 @@ def run(r: Resolved, target: Target, device_type: str, write: Callable[[str], No
             wait_for_main(r["main_process_ip"], r["main_process_port"], connect_timeout(r))
         launch_agent(config, command, args)
     except ChildFailedError as err:
-        write(format_child_failure(err.failures, target.script))
-        return exit_code(err.failures)
+        shown = not target.no_python  # the worker bootstrap printed each traceback already
+        write(format_child_failure(err.failures, target.script, signals.pids, tracebacks_shown=shown))
+        return exit_code(err.failures, signals.pids)
     except (RendezvousError, DistError, TimeoutError) as err:
         write(format_rendezvous_failure(err, endpoint(r), r["machine_rank"], r["num_machines"]))
         return 1

@@ -8,7 +8,11 @@ process is first pinned to its local rank's share of the cores; with `--as_accel
 accelerando first, which turns `accelerando.as_accelerate()` on (the script then imports transformers
 and `accelerate` as usual). If the script raises, the
 traceback (without these frames) goes to stderr and, in the JSON layout torch's `ProcessFailure`
-reads, to `$TORCHELASTIC_ERROR_FILE`; the launcher prints it first.
+reads, to `$TORCHELASTIC_ERROR_FILE`; the launcher names it first.
+
+Every process started this way asks the kernel to kill it when its parent, the launcher's agent,
+dies (`prctl(PR_SET_PDEATHSIG)`), so a `kill -9` of `accelerando launch` leaves no orphan ranks
+training on; `--exec PROGRAM args...` (the `--no_python` path) does the same, then becomes PROGRAM.
 """
 
 import sys
@@ -21,15 +25,18 @@ if __name__ == "__main__" and len(sys.argv) > 2:
         else __import__("os").path.dirname(__import__("os").path.abspath(sys.argv[2]))
     )
 
+import ctypes  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import runpy  # noqa: E402
+import signal  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Mapping  # noqa: E402
 from types import TracebackType  # noqa: E402
 
 _TRUE = ("1", "true", "yes", "on", "y", "t")
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _SKIP = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
 
@@ -68,6 +75,28 @@ def record(exc: BaseException, skip: frozenset[str] = frozenset()) -> str:
     return text
 
 
+def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
+    """Have the kernel SIGKILL this process when the agent that started it dies; True if armed.
+
+    SIGKILL, not SIGTERM: the agent is gone, nobody would wait for a graceful exit, and a rank
+    blocked in a collective with a dead peer might never get to a SIGTERM handler. The signal is
+    tied to the parent, so it is armed only when the parent is the agent named by
+    `ACCELERANDO_AGENT_PID`; if the agent died before the call, the parent already changed and the
+    process ends at once. Linux only (elsewhere the agent's own shutdown is the only cleanup).
+    """
+    agent = environ.get("ACCELERANDO_AGENT_PID", "")
+    if not agent.isdigit() or not sys.platform.startswith("linux"):
+        return False
+    if os.getppid() != int(agent):
+        return False  # started by something else (a nested launcher, a user's own subprocess)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != int(agent):  # the agent died between the check above and prctl
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
 def core_share(cores: list[int], local_rank: int, local_size: int) -> list[int]:
     """Local rank i of n gets the i-th of n contiguous, near-equal slices of `cores`.
 
@@ -104,12 +133,17 @@ def as_accelerate_requested(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """`--script PATH args...` or `--module NAME args...`."""
-    if len(argv) < 2 or argv[0] not in ("--script", "--module"):
-        sys.stderr.write("usage: worker.py --script PATH [args...] | --module NAME [args...]\n")
+    """`--script PATH args...`, `--module NAME args...` or `--exec PROGRAM args...`."""
+    if len(argv) < 2 or argv[0] not in ("--script", "--module", "--exec"):
+        sys.stderr.write(
+            "usage: worker.py --script PATH [args...] | --module NAME [args...] | --exec PROGRAM\n"
+        )
         return 2
     mode, target, rest = argv[0], argv[1], argv[2:]
+    die_with_parent()
     pin_to_core_share()
+    if mode == "--exec":
+        os.execvp(target, [target, *rest])  # the parent-death signal survives exec
     try:
         if as_accelerate_requested():
             import accelerando  # noqa: F401 - importing it with the variable set turns the switch on

@@ -4,7 +4,9 @@ Every gather first exchanges a small signature (dtype and shape of each leaf). L
 only in their first dimension are padded, gathered and trimmed; any other mismatch raises a
 `DistributedOperationException` (a ValueError) naming each rank's shapes instead of hanging or failing
 deep inside the backend. In Accelerate's debug mode (`PartialState().debug = True`) gather, reduce,
-broadcast and pad_across_processes first require identical shapes on every rank, as Accelerate does.
+broadcast and pad_across_processes first require identical shapes on every rank, as Accelerate does,
+and ranks that call different collectives (or some none) get an error naming each call site
+(`announce.py`) instead of a hang.
 
 Every collective takes a `group`; None means the data-parallel group of the job's mesh (the
 default group until tensor or context parallelism splits the ranks), and the default group when
@@ -20,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from accelerando import _runtime
+from accelerando.ops.announce import announce
 from accelerando.ops.errors import MISMATCH, CannotPadNestedTensorWarning, DistributedOperationException
 from accelerando.ops.tree import recursively_apply, tree_leaves, tree_replace
 
@@ -53,8 +56,12 @@ def _verify_in_debug(operation: str, data: Any, group: Any) -> None:
     shapes: Any = (
         list(data.shape) if isinstance(data, torch.Tensor) else [list(t.shape) for t in tree_leaves(data)]
     )
-    everyone: list[Any] = [None] * _world(group)
-    dist.all_gather_object(everyone, shapes, group=group)
+    entries = announce(operation, shapes) if _world(group) == _world() else None
+    if entries is not None:  # the world group: announced with call sites and a deadline
+        everyone: list[Any] = [e["shapes"] for e in entries]
+    else:
+        everyone = [None] * _world(group)
+        dist.all_gather_object(everyone, shapes, group=group)
     if any(s != everyone[0] for s in everyone):
         listing = "\n  - ".join(f"Process {i}: {s}" for i, s in enumerate(everyone))
         raise DistributedOperationException(

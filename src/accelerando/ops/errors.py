@@ -14,3 +14,7 @@ MISMATCH = "Cannot apply desired operation due to shape mismatches. All shapes a
 
 class CannotPadNestedTensorWarning(UserWarning):
     """`pad_across_processes` left a nested tensor as it was: it has no single size along a dimension."""
+
+
+class CollectiveMismatchError(DistributedOperationException):
+    """Debug mode: ranks called different collectives, or some never called one (names each call site)."""

@@ -1,7 +1,7 @@
 """Saves that fail half-way, on 2 processes: the previous checkpoint must stay loadable.
 
 `raise`: a registered object raises inside save_state on rank 0; both ranks get an error, the
-earlier checkpoint in the same folder is intact, and the half-written staging folder is refused.
+earlier checkpoint in the same folder is intact, and the half-written staging folder is removed.
 `kill`: rank 0 SIGKILLs itself in the middle of the second automatic save; the test then checks
 the folders from outside (the job itself dies).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from accelerando import Accelerator, ProjectConfiguration
-from accelerando.checkpoint.atomic import CheckpointError, validate_checkpoint
+from accelerando.checkpoint.atomic import CheckpointError
 from accelerando.utils import set_seed
 
 
@@ -69,11 +69,7 @@ def run_raise(out: Path) -> None:
         assert expected in str(err), str(err)
     else:
         raise AssertionError("save_state did not fail")
-    try:
-        validate_checkpoint(out / ".ck.incomplete")
-        raise AssertionError("the half-written save validated")
-    except CheckpointError as err:
-        assert "incomplete" in str(err)
+    assert not (out / ".ck.incomplete").exists(), "the failed save's staging folder was left behind"
     acc._custom_objects.pop()
     after = weights(model)
     assert not all(torch.equal(a, b) for a, b in zip(after, saved))

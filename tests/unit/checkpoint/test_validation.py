@@ -101,10 +101,7 @@ def test_failing_save_keeps_previous_checkpoint(tmp_path: Path, setup: Setup) ->
     setup.step()
     with pytest.raises(RuntimeError, match="disk on fire"):
         setup.acc.save_state(str(ckpt))
-    staged = tmp_path / ".ck.incomplete"
-    assert staged.is_dir()
-    with pytest.raises(CheckpointError, match="incomplete"):
-        validate_checkpoint(staged)
+    assert not (tmp_path / ".ck.incomplete").exists()  # a failed save removes its staging folder
     setup.acc._custom_objects.pop()
     setup.acc.load_state(str(ckpt))
     assert all(torch.equal(a, b) for a, b in zip(good, setup.model.parameters()))

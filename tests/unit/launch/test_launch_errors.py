@@ -46,6 +46,23 @@ def test_root_cause_is_earliest_recorded_failure() -> None:
     assert exit_code(failures) == 3
 
 
+def test_a_signal_the_agent_did_not_send_is_the_root_cause() -> None:
+    """kill -9 of rank 1: rank 0 then raises a peer error and the agent SIGTERMs it."""
+    failures = {
+        0: Failure(0, -15, 10, recorded("RuntimeError: Connection reset by peer", 10.1), pid=100),
+        1: Failure(1, -9, 11, pid=101),
+    }
+    assert root_cause(failures)[0] == 0  # without knowing who signalled whom: the traceback
+    assert root_cause(failures, agent_signalled={100})[0] == 1
+    text = format_child_failure(failures, "train.py", {100}, tracebacks_shown=True)
+    assert "first failure: rank 1 (local rank 1, pid 101) was killed by signal" in text
+    assert (
+        "(not sent by the launcher)" in text and "also: rank 0" in text and "(sent by the launcher)" in text
+    )
+    assert "Traceback" not in text  # the worker printed rank 0's; the report does not repeat it
+    assert exit_code(failures, {100}) == 1
+
+
 def test_estimate_strategies_shard_as_documented() -> None:
     single = estimate(1000, "float32", "single", 4)
     assert (single.weights, single.gradients, single.optimizer) == (4000, 4000, 8000)
