@@ -32,6 +32,7 @@ from accelerando.precision import build_precision
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState, GradientState, configure_gradient
 from accelerando.strategies import PrepareRequest, resolve_strategy
+from accelerando.strategies.resolve import plan_strategy
 from accelerando.tracking.session import TrackingSession
 
 
@@ -73,6 +74,7 @@ class Accelerator(ConfigViews):
         dynamo_backend: Any = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
         **removed: Any,
     ) -> None:
         dataloader_config = fold_moved_arguments(removed, dataloader_config)
@@ -96,7 +98,9 @@ class Accelerator(ConfigViews):
             fsdp_plugin=fsdp_plugin,
             deepspeed_plugins=(deepspeed_plugin, deepspeed_plugins),
             settings=settings,
+            parallelism_config=parallelism_config,
         )
+        plan_strategy(self.config, _runtime.planned_topology())  # bad mesh sizes fail before any group work
         self._runtime = _runtime.init_runtime(cpu=self.config.cpu, init_kwargs=self.config.handlers.init)
         self._setup_components()
         self.state = AcceleratorState()
@@ -122,6 +126,8 @@ class Accelerator(ConfigViews):
             cfg, topology=rt.topology, device=rt.device, precision=precision, backend=rt.backend
         )
         strategy.setup_environment()
+        if cfg.parallelism is not None and rt.topology.is_distributed:  # Accelerate builds it eagerly
+            cfg.parallelism.device_mesh = strategy.ctx.mesh.build()
         rt.precision, rt.strategy, rt.mixed_precision = strategy.ctx.precision, strategy, cfg.mixed_precision
         configure_gradient(rt.gradient, cfg.gradient)
         rt.gradient.window_size = rt.gradient.num_steps
@@ -210,6 +216,17 @@ class Accelerator(ConfigViews):
     @property
     def data_parallel_size(self) -> int:
         return self.strategy.data_parallel_size
+
+    @property
+    def parallelism_config(self) -> Any:
+        return self.config.parallelism
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The job's `DeviceMesh` (dp_replicate, dp_shard, cp, tp; flattened dp, dp_shard_cp, dp_cp) once
+        built: with a ParallelismConfig at construction, else when a strategy first needs it; or None."""
+        mesh = self.strategy.ctx.mesh
+        return mesh.device_mesh if mesh.built else None
 
     @property
     def scaler(self) -> Any:

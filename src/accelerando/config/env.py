@@ -78,6 +78,7 @@ class EnvSettings:
     dynamo_regional: bool | None = None
     use_fsdp: bool = False
     use_deepspeed: bool = False
+    use_parallelism_config: bool = False
     deepspeed_variables: Mapping[str, str] = field(default_factory=dict)  # ACCELERANDO_DEEPSPEED_* and co.
     fp8_backend: str | None = None
     fp8_pad_inner_dim: bool | None = None
@@ -118,6 +119,7 @@ def read_settings(env: Mapping[str, str] | None = None) -> EnvSettings:
         dynamo_regional=_optional_flag("DYNAMO_USE_REGIONAL_COMPILATION", env),
         use_fsdp=flag("USE_FSDP", env=env),
         use_deepspeed=flag("USE_DEEPSPEED", env=env),
+        use_parallelism_config=flag("USE_PARALLELISM_CONFIG", env=env),
         deepspeed_variables=_deepspeed_variables(env),
         fp8_backend=(lookup("FP8_BACKEND", env) or "").strip().lower() or None,
         fp8_pad_inner_dim=_optional_flag("FP8_PAD_INNER_DIM", env),

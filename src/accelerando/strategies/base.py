@@ -18,6 +18,7 @@ import torch
 
 from accelerando.cluster.base import ProcessTopology
 from accelerando.config.options import DistributedType, TorchDynamoPlugin
+from accelerando.parallel import grad_norm
 from accelerando.parallel.activation_checkpointing import apply_activation_checkpointing
 from accelerando.parallel.compile import compile_model
 from accelerando.parallel.mesh import MeshShape, ParallelMesh
@@ -50,6 +51,7 @@ class StrategyContext:
     precision: Precision
     backend: str | None
     mesh: ParallelMesh
+    tp_plan: dict[str, Any] | None = None  # the user's tensor-parallel plan (TorchTensorParallelConfig)
 
     @property
     def rank(self) -> int:
@@ -106,6 +108,18 @@ class Strategy:
         return MeshShape.resolve(topology.world_size, dp_replicate=-1, dp_shard=1)
 
     @classmethod
+    def adopt_mesh_shape(cls, shape: MeshShape, **options: Any) -> MeshShape:
+        """The layout of a ParallelismConfig, if this strategy can run it (else a ValueError naming the
+        sizes). Replicas (DDP) cannot shard parameters nor split sequences: that needs FSDP."""
+        if shape.dp_shard > 1 or shape.cp > 1:
+            raise ValueError(
+                f"ParallelismConfig dp_shard_size={shape.dp_shard}, cp_size={shape.cp}: sharding parameters "
+                f"(and context parallelism) needs FSDP, but this job runs {cls.name!r}; pass "
+                "fsdp_plugin=FullyShardedDataParallelPlugin() (or launch with --use_fsdp), or use dp_replicate_size"
+            )
+        return shape
+
+    @classmethod
     def adapt_precision(cls, precision: Precision) -> Precision:
         """The precision the facade drives (an engine that casts and scales itself swaps in a no-op one)."""
         return precision
@@ -160,8 +174,12 @@ class Strategy:
         """Refuse a model this strategy cannot train, before anything changes it."""
 
     def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Tensor / context parallelism over the mesh's `tp` / `cp` dimensions (none yet)."""
-        return model
+        """Tensor parallelism over the mesh's `tp` dimension (the user's plan or the model's own)."""
+        if self.ctx.mesh.shape.tp == 1:
+            return model
+        from accelerando.parallel.tensor_parallel import apply_tensor_parallel
+
+        return apply_tensor_parallel(model, self.ctx.mesh["tp"], self.ctx.tp_plan)
 
     def checkpointed_modules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The blocks whose activations are recomputed in backward (none unless configured)."""
@@ -176,7 +194,12 @@ class Strategy:
         names: compose.ParameterNames,
         models: list[torch.nn.Module],
     ) -> None:
-        """Strategies that replace parameters (sharding) point the optimizers at the new ones."""
+        """Strategies that replace parameters (sharding) point the optimizers at the new ones;
+        tensor parallelism replaces them too (DTensor shards)."""
+        if self.ctx.mesh.shape.tp > 1:
+            unwrapped = [self.unwrap(m) for m in models]
+            for optimizer in optimizers:
+                compose.rebind_optimizer(optimizer, names, unwrapped)
 
     # ---- training step ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -211,10 +234,14 @@ class Strategy:
     def clip_grad_norm_(
         self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
-        return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+        """torch's clipping; over DTensor gradients (tensor parallel) the norm of the whole gradient."""
+        params = list(parameters)
+        if grad_norm.has_dtensor_grads(params):
+            return grad_norm.clip_grad_norm_(params, max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
-        torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
+        grad_norm.clip_grad_value_(parameters, clip_value)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
