@@ -245,7 +245,18 @@ def _parallelism(given: Any, settings: env.EnvSettings) -> Any:
     from accelerando.parallelism_config import ParallelismConfig
 
     if given is None:
-        return ParallelismConfig() if settings.use_parallelism_config else None
+        if not settings.use_parallelism_config:
+            return None
+        sizes: dict[str, Any] = {}
+        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+            value = settings.parallelism_variables.get(f"{name.upper()}_SIZE")
+            try:
+                sizes[f"{name}_size"] = int(value) if value else 1
+            except ValueError:
+                raise ValueError(
+                    f"environment variable PARALLELISM_CONFIG_{name.upper()}_SIZE={value!r} is not an integer"
+                ) from None
+        return ParallelismConfig(**sizes)
     if not isinstance(given, ParallelismConfig):
         raise TypeError(f"parallelism_config must be a ParallelismConfig, got {type(given).__name__}")
     return given

@@ -30,7 +30,9 @@ def strategy_name(config: ResolvedConfig, world_size: int) -> str:
     return "ddp" if world_size > 1 else "single_device"
 
 
-def plan_strategy(config: ResolvedConfig, topology: ProcessTopology) -> tuple[type[Strategy], dict[str, Any], MeshShape]:
+def plan_strategy(
+    config: ResolvedConfig, topology: ProcessTopology
+) -> tuple[type[Strategy], dict[str, Any], MeshShape]:
     """The strategy class, its options and its mesh shape; pure, so the facade can call it before
     any process group exists (bad ParallelismConfig sizes fail there, naming the numbers)."""
     cls = strategy_class(strategy_name(config, topology.world_size))
