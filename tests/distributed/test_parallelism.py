@@ -5,12 +5,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from accelerando.testing import run_distributed
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def test_tensor_parallel_hsdp_and_data_follow_the_mesh() -> None:
-    proc = run_distributed(SCRIPTS / "tp_mesh.py", timeout=240)
+def test_tensor_parallel_hsdp_and_data_follow_the_mesh(tmp_path: Path) -> None:
+    proc = run_distributed(SCRIPTS / "tp_mesh.py", args=(str(tmp_path),), timeout=240)
     for marker in ("TP_MLP_OK", "TP_LLAMA_OK", "HSDP_DDP_OK", "TP_MESH_OK"):
         assert marker in proc.stdout, marker
+    # The TP-sharded checkpoint loads into one unsharded process (DCP reshards; no process group).
+    import torch.distributed.checkpoint as dcp
+
+    expected = torch.load(tmp_path / "expected.pt")
+    model = torch.nn.Sequential()
+    model.fc1, model.fc2 = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(tmp_path / "ckpt" / "pytorch_model_fsdp_0"))
+    assert state["model"].keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(state["model"][key], value, rtol=0, atol=0)

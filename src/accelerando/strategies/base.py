@@ -23,7 +23,7 @@ from accelerando.parallel.activation_checkpointing import apply_activation_check
 from accelerando.parallel.compile import compile_model
 from accelerando.parallel.mesh import MeshShape, ParallelMesh
 from accelerando.precision.base import Precision
-from accelerando.strategies import compose
+from accelerando.strategies import compose, dtensor_state
 
 if TYPE_CHECKING:
     from accelerando.checkpoint.state_io import StateIO
@@ -95,6 +95,7 @@ class Strategy:
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
+        self._prepared_models: list[torch.nn.Module] = []
 
     # ---- resolution: what the resolver asks before building the strategy ---------------------
     @classmethod
@@ -145,6 +146,8 @@ class Strategy:
             for i, model in enumerate(request.models)
         ]
         self.rebind_optimizers(request.optimizers, names, models)
+        if self._tensor_parallel:  # their optimizers' state dicts need them (`_owner`)
+            self._prepared_models.extend(self.unwrap(m) for m in models)
         return Prepared(models, list(request.optimizers), list(request.schedulers))
 
     def prepare_model(
@@ -248,25 +251,37 @@ class Strategy:
 
     # ---- state: what the checkpointer calls, never inspecting the strategy --------------------
     def state_io(self) -> StateIO:
-        """The on-disk format of what this strategy owns (models and optimizers)."""
-        from accelerando.strategies.state_io import FullStateIO
+        """The on-disk format of what this strategy owns (models and optimizers): tensor-parallel
+        shards go through DCP, which reshards on load (to one unsharded process, say)."""
+        from accelerando.strategies.state_io import DCPStateIO, FullStateIO
 
-        return FullStateIO(self)
+        return DCPStateIO(self) if self._tensor_parallel else FullStateIO(self)
+
+    @property
+    def _tensor_parallel(self) -> bool:
+        return self.ctx.mesh.shape.tp > 1
 
     def model_state_dict(self, model: torch.nn.Module, *, full: bool = True) -> dict[str, Any]:
         """Model weights. `full=True`: unsharded tensors on CPU, complete at least on rank 0
         (sharding strategies may return `{}` elsewhere); `full=False`: this rank's shards (DTensors)."""
+        if self._tensor_parallel:
+            return dtensor_state.model_state_dict(self.unwrap(model), full)
         return self.unwrap(model).state_dict()
 
     def load_model_state_dict(
         self, model: torch.nn.Module, state_dict: dict[str, Any], *, full: bool = True, strict: bool = True
     ) -> Any:
         """Inverse of `model_state_dict`; with `full=True` a sharding strategy reads rank 0's copy."""
+        if self._tensor_parallel:
+            return dtensor_state.load_model_state_dict(self.unwrap(model), state_dict, full, strict)
         return self.unwrap(model).load_state_dict(state_dict, strict=strict)
 
     def optimizer_state_dict(
         self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, *, full: bool = True
     ) -> dict[str, Any]:
+        if self._tensor_parallel:
+            raw = compose.raw_optimizer(optimizer)
+            return dtensor_state.optimizer_state_dict(self._owner(model, raw), raw, full)
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(
@@ -277,7 +292,21 @@ class Strategy:
         *,
         full: bool = True,
     ) -> None:
+        if self._tensor_parallel:
+            raw = compose.raw_optimizer(optimizer)
+            dtensor_state.load_optimizer_state_dict(self._owner(model, raw), raw, state_dict, full)
+            return
         optimizer.load_state_dict(state_dict)
+
+    def _owner(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+        """The prepared model whose parameters `optimizer` updates (checkpoint hooks may pass None)."""
+        if model is not None:
+            return self.unwrap(model)
+        wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for candidate in self._prepared_models:
+            if any(id(p) in wanted for p in candidate.parameters()):
+                return candidate
+        raise ValueError("this optimizer's parameters belong to no prepared model; prepare them together")
 
     # ---- topology -----------------------------------------------------------------------------
     @property
@@ -290,3 +319,4 @@ class Strategy:
 
     def teardown(self) -> None:
         """Release what `prepare` created (engines, hooks)."""
+        self._prepared_models.clear()

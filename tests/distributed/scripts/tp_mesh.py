@@ -4,7 +4,8 @@ user's plan and of a tiny transformers Llama with its own plan, each against the
 three AdamW steps at 1e-4, since Adam's division by sqrt(v) magnifies last-bit differences of
 near-zero gradients); the
 data follows the mesh (both TP ranks read the same batch, gather_for_metrics once per sample); HSDP
-on a (1, 2) mesh and dp_replicate_size=2 (DDP) against a plain DDP reference."""
+on a (1, 2) mesh and dp_replicate_size=2 (DDP) against a plain DDP reference; the TP checkpoint
+(DCP shards) is written to argv[1] for a single-process load."""
 
 from __future__ import annotations
 
@@ -98,7 +99,28 @@ def check_mlp_and_data() -> None:
 
     model, _ = compare_training("mlp", model, reference, mse, xs, acc, clip=0.5)
     assert model.fc1.weight.to_local().shape == (16, 8) and model.fc2.weight.to_local().shape == (8, 16)
+    check_checkpoint(acc, model, reference)
     print("TP_MLP_OK")
+
+
+def check_checkpoint(acc, model, reference) -> None:
+    """save_state writes the shards through DCP; load_state restores them; rank 0 keeps the full
+    weights (get_state_dict gathers) for the single-process reader in the pytest test."""
+    out = Path(sys.argv[1])
+    full_sd = acc.get_state_dict(model)
+    if dist.get_rank() == 0:
+        assert_close(full_sd, dict(reference.state_dict()), "get_state_dict", 1e-4)
+        torch.save(full_sd, out / "expected.pt")
+    else:
+        assert full_sd == {}
+    acc.save_state(out / "ckpt")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    acc.load_state(out / "ckpt")
+    assert_close(
+        {n: full(p) for n, p in model.named_parameters()}, dict(reference.named_parameters()), "load", 1e-4
+    )
 
 
 def check_llama() -> None:
