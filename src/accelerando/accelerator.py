@@ -217,6 +217,21 @@ class Accelerator(ConfigViews):
     def data_parallel_size(self) -> int:
         return self.strategy.data_parallel_size
 
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Split `buffers` along the `cp` mesh for one step (cp_size > 1; no effect otherwise)."""
+        from accelerando.parallel.context_parallel import context_parallel_context
+
+        handler = self.parallelism_config.cp_handler if self.parallelism_config is not None else None
+        strategy = getattr(handler, "cp_comm_strategy", None) or "allgather"
+        return context_parallel_context(
+            self.strategy.ctx.mesh, self.device, strategy, buffers, buffer_seq_dims, no_restore_buffers
+        )
+
     @property
     def parallelism_config(self) -> Any:
         return self.config.parallelism

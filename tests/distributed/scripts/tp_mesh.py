@@ -194,11 +194,27 @@ def check_hsdp_and_ddp() -> None:
     print("HSDP_DDP_OK")
 
 
+def check_context_parallel_is_refused_on_cpu() -> None:
+    """cp_size=2 with FSDP builds its mesh (cp ranks share a data-parallel rank); the step is refused."""
+    acc = Accelerator(
+        parallelism_config=ParallelismConfig(cp_size=2), fsdp_plugin=FullyShardedDataParallelPlugin()
+    )
+    assert acc.torch_device_mesh["cp"].size() == 2 and acc.data_parallel_size == 1
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    try:
+        with acc.maybe_context_parallel(buffers=[ids], buffer_seq_dims=[1], no_restore_buffers={ids}):
+            raise AssertionError("context parallelism ran on CPU")
+    except RuntimeError as err:
+        assert "cannot run on cpu" in str(err), err
+    print("CP_REFUSED_OK")
+
+
 def main() -> None:
     PartialState()
     check_mlp_and_data()
     check_llama()
     check_hsdp_and_ddp()
+    check_context_parallel_is_refused_on_cpu()
     print("TP_MESH_OK")
 
 
