@@ -15,6 +15,7 @@ import torch
 from accelerando import _prepare, _runtime
 from accelerando._accumulation import advance_window
 from accelerando._config_views import ConfigViews
+from accelerando._mesh_views import MeshViews
 from accelerando.checkpoint.objects import TrainingObjects
 from accelerando.config import env
 from accelerando.config.options import (
@@ -52,7 +53,7 @@ def _state_method(name: str) -> Any:
     return forward
 
 
-class Accelerator(ConfigViews):
+class Accelerator(ConfigViews, MeshViews):
     """Run one training script on any device count: see docs/ and `../shared/reference/API.md`."""
 
     def __init__(
@@ -216,32 +217,6 @@ class Accelerator(ConfigViews):
     @property
     def data_parallel_size(self) -> int:
         return self.strategy.data_parallel_size
-
-    def maybe_context_parallel(
-        self,
-        buffers: list[torch.Tensor] | None = None,
-        buffer_seq_dims: list[int] | None = None,
-        no_restore_buffers: set[torch.Tensor] | None = None,
-    ) -> contextlib.AbstractContextManager[Any]:
-        """Split `buffers` along the `cp` mesh for one step (cp_size > 1; no effect otherwise)."""
-        from accelerando.parallel.context_parallel import context_parallel_context
-
-        handler = self.parallelism_config.cp_handler if self.parallelism_config is not None else None
-        strategy = getattr(handler, "cp_comm_strategy", None) or "allgather"
-        return context_parallel_context(
-            self.strategy.ctx.mesh, self.device, strategy, buffers, buffer_seq_dims, no_restore_buffers
-        )
-
-    @property
-    def parallelism_config(self) -> Any:
-        return self.config.parallelism
-
-    @property
-    def torch_device_mesh(self) -> Any:
-        """The job's `DeviceMesh` (dp_replicate, dp_shard, cp, tp; flattened dp, dp_shard_cp, dp_cp) once
-        built: with a ParallelismConfig at construction, else when a strategy first needs it; or None."""
-        mesh = self.strategy.ctx.mesh
-        return mesh.device_mesh if mesh.built else None
 
     @property
     def scaler(self) -> Any:

@@ -77,6 +77,7 @@ def check_mlp_and_data() -> None:
     mesh = acc.torch_device_mesh
     assert mesh is config.device_mesh and mesh["tp"].size() == 2 and mesh["dp"].size() == 1
     assert (acc.data_parallel_size, acc.data_parallel_rank) == (1, 0)
+    assert acc.tensor_parallel_rank == mesh["tp"].get_local_rank() == dist.get_rank()
 
     # data follows the mesh: one data-parallel rank, so both TP ranks read the whole same batch
     data = torch.arange(24, dtype=torch.float32).reshape(12, 2)
