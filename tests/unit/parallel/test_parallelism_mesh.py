@@ -143,10 +143,10 @@ def test_one_process_with_all_sizes_one() -> None:
     assert (acc.tensor_parallel_rank, acc.context_parallel_rank, acc.data_parallel_shard_rank) == (0, 0, 0)
     assert acc.should_save_model and not acc.is_composable_parallelism_enabled
     with pytest.raises(NotImplementedError, match="Pipeline parallelism"):
-        acc.pipeline_parallel_rank
+        _ = acc.pipeline_parallel_rank
 
 
 def test_mesh_ranks_need_a_parallelism_config() -> None:
     acc = Accelerator(cpu=True)
     with pytest.raises(RuntimeError, match="tp parallelism is not configured"):
-        acc.tensor_parallel_rank
+        _ = acc.tensor_parallel_rank
