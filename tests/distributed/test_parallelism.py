@@ -3,8 +3,10 @@ own), data following the mesh, HSDP on a (1, 2) mesh and DDP from dp_replicate_s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from accelerando.testing import run_distributed
@@ -27,3 +29,13 @@ def test_tensor_parallel_hsdp_and_data_follow_the_mesh(tmp_path: Path) -> None:
     assert state["model"].keys() == expected.keys()
     for key, value in expected.items():
         torch.testing.assert_close(state["model"][key], value, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("ACCELERANDO_TEST_4_RANKS") != "1",
+    reason="4 ranks (about 30 s on 2 cores) exceed the CI budget; set ACCELERANDO_TEST_4_RANKS=1 to run",
+)
+def test_fsdp2_with_tensor_parallelism_on_a_2x2_mesh() -> None:
+    proc = run_distributed(SCRIPTS / "tp_fsdp_4ranks.py", nproc=4, timeout=300)
+    assert "FSDP_TP_4RANKS_OK" in proc.stdout

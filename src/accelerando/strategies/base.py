@@ -118,6 +118,13 @@ class Strategy:
                 f"(and context parallelism) needs FSDP, but this job runs {cls.name!r}; pass "
                 "fsdp_plugin=FullyShardedDataParallelPlugin() (or launch with --use_fsdp), or use dp_replicate_size"
             )
+        if shape.dp_replicate > 1 and shape.tp > 1:
+            raise ValueError(
+                f"ParallelismConfig dp_replicate_size={shape.dp_replicate} with tp_size={shape.tp}: replicas of a "
+                f"tensor-parallel model are not available under {cls.name!r} (DDP sees only local shards, so "
+                "clipping and checkpoints would be wrong); use FSDP (fsdp_plugin) with dp_shard_size, which "
+                "composes with tensor parallelism"
+            )
         return shape
 
     @classmethod

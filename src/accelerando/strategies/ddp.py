@@ -52,11 +52,6 @@ class DDPStrategy(Strategy):
             return model  # nothing to synchronise: inference models stay unwrapped
         if self.ctx.mesh.data_parallel_size == 1:
             return model  # every rank is in one tensor-parallel group: no replica to synchronise with
-        if self.ctx.mesh.shape.tp > 1:
-            # DDP over tensor-parallel shards (2-D): torch's own conversion lets DDP see local tensors.
-            from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
-
-            _pre_dp_module_transform(model)
         device_ids = None if self.ctx.device.type == "cpu" else [self.ctx.device.index or 0]
         arguments = self._ddp_arguments()
         group = self.ctx.mesh.data_parallel_group()  # None: every rank is a replica (the default group)
