@@ -303,17 +303,29 @@ def _resolve_parallelism(r: Resolved) -> Resolved:
     total = 1
     for size in sizes.values():
         total *= size
-    if total > 1 and total != r["num_processes"]:
-        product = " x ".join(
-            f"{_label('parallelism_config_' + name, r.sources['parallelism_config_' + name])}={size}"
-            if given(r, "parallelism_config_" + name)
-            else f"{name}={size}"
-            for name, size in sizes.items()
-        )
+    if total == 1:
+        return r  # every size 1: the strategy's own layout
+    product = " x ".join(
+        f"{_label('parallelism_config_' + name, r.sources['parallelism_config_' + name])}={size}"
+        if given(r, "parallelism_config_" + name)
+        else f"{name}={size}"
+        for name, size in sizes.items()
+    )
+    if total != r["num_processes"]:
         raise ValueError(
             f"ParallelismConfig {product} = {total}, but the launch starts {r['num_processes']} processes "
             f"(num_processes, from {r.sources['num_processes']}); the sizes must multiply to it"
         )
+    # The strategy the processes will run decides whether it can use these sizes (the same check).
+    from accelerando.parallel.mesh import MeshShape
+    from accelerando.strategies.registry import strategy_class
+
+    name = "fsdp2" if r["use_fsdp"] else "deepspeed" if r["use_deepspeed"] else "ddp"
+    shape = MeshShape(*(sizes[n] for n in ("dp_replicate_size", "dp_shard_size", "cp_size", "tp_size")))
+    try:
+        strategy_class(name).adopt_mesh_shape(shape)
+    except ValueError as err:
+        raise ValueError(f"{product}: {err}") from None
     return r
 
 

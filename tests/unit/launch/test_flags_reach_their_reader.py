@@ -163,7 +163,10 @@ ROWS: dict[str, list[Reaches | Refused | NoEffect]] = {
         Reaches(2, accelerator_config("parallelism.dp_replicate_size"), 2, also={"num_processes": 2})
     ],
     "parallelism_config_dp_shard_size": [
-        Reaches(2, accelerator_config("parallelism.dp_shard_size"), 2, also={"num_processes": 2})
+        Reaches(
+            2, accelerator_config("parallelism.dp_shard_size"), 2, also={"num_processes": 2, "use_fsdp": True}
+        ),
+        Refused(2, "sharding parameters (and context parallelism) needs FSDP", also={"num_processes": 2}),
     ],
     "parallelism_config_tp_size": [
         Reaches(2, accelerator_config("parallelism.tp_size"), 2, also={"num_processes": 2}),
