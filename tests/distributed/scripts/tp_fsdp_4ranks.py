@@ -1,6 +1,7 @@
 """FSDP2 + tensor parallelism on a 2 x 2 mesh (dp_shard=2, tp=2): 4 gloo ranks, so not part of the CI
 suite (its budget runs 2-rank jobs); run by hand: `torchrun --nproc_per_node 4 tp_fsdp_4ranks.py`.
-Checks loss, gradients, clipping norm and parameters against one unsharded model on the global batch."""
+Checks the data split (TP peers read the same half, gather_for_metrics returns each sample once) and
+gradients, clipping norm and parameters against one unsharded model on the global batch."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ def main() -> None:
     config = ParallelismConfig(dp_shard_size=2, tp_size=2, tp_handler=TorchTensorParallelConfig(tp_plan=plan))
     acc = Accelerator(parallelism_config=config, fsdp_plugin=FullyShardedDataParallelPlugin())
     assert acc.data_parallel_size == 2 and acc.data_parallel_rank == dist.get_rank() // 2
+    # data: the two ranks of a TP group read the same half; gather_for_metrics returns each sample once
+    loader = acc.prepare(torch.utils.data.DataLoader(torch.arange(8), batch_size=2))
+    mine = torch.cat(list(loader)).tolist()
+    seen = [None] * 4
+    dist.all_gather_object(seen, mine)
+    assert seen[0] == seen[1] and seen[2] == seen[3] and sorted(seen[0] + seen[2]) == list(range(8)), seen
+    gathered = torch.cat([acc.gather_for_metrics(b) for b in loader])
+    assert sorted(gathered.tolist()) == list(range(8)), gathered
     torch.manual_seed(0)
     model = MLP()
     reference = copy.deepcopy(model)
