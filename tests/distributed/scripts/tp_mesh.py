@@ -156,6 +156,23 @@ def check_llama() -> None:
     assert after < before, (before, after)  # it trains
     print(f"TP_LLAMA_OK loss on the first batch {before:.4f} -> {after:.4f}")
 
+    # A model transformers already made tensor parallel (tp_plan="auto") on the accelerator's tp mesh
+    # is prepared as it is: same DTensors, same logits as the reference.
+    path = Path(sys.argv[1]) / "llama"
+    if dist.get_rank() == 0:
+        reference.save_pretrained(path)
+    dist.barrier()
+    loaded = LlamaForCausalLM.from_pretrained(path, tp_plan="auto", device_mesh=acc.torch_device_mesh["tp"])
+    q = loaded.model.layers[0].self_attn.q_proj.weight
+    assert isinstance(q, DTensor)
+    loaded = acc.prepare(loaded)
+    assert loaded.model.layers[0].self_attn.q_proj.weight is q
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded(input_ids=ids[0]).logits, reference(input_ids=ids[0]).logits, rtol=TOL, atol=TOL
+        )
+    print("TP_AUTO_OK")
+
 
 def check_hsdp_and_ddp() -> None:
     def mse(model, step):
