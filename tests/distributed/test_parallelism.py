@@ -29,6 +29,13 @@ def test_tensor_parallel_hsdp_and_data_follow_the_mesh(tmp_path: Path) -> None:
     assert state["model"].keys() == expected.keys()
     for key, value in expected.items():
         torch.testing.assert_close(state["model"][key], value, rtol=0, atol=0)
+    # save_model wrote the gathered weights as one safetensors file
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "model" / "model.safetensors")
+    assert saved.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(saved[key], value, rtol=0, atol=0)
 
 
 @pytest.mark.slow

@@ -115,6 +115,7 @@ def check_checkpoint(acc, model, reference) -> None:
     else:
         assert full_sd == {}
     acc.save_state(out / "ckpt")
+    acc.save_model(model, out / "model")  # full weights, gathered, as safetensors
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
