@@ -27,7 +27,7 @@ from accelerando.config.fsdp import (
 from accelerando.config.options import DistributedType
 from accelerando.parallel import grad_norm
 from accelerando.parallel.mesh import MeshShape
-from accelerando.strategies import fsdp_loading
+from accelerando.strategies import dtensor_state, fsdp_loading
 from accelerando.strategies.base import Strategy, StrategyContext
 from accelerando.strategies.compose import ParameterNames, inner_module, raw_optimizer, rebind_optimizer
 from accelerando.strategies.fsdp_wrap import WrapPlan, outermost, plan_wrapping
@@ -235,40 +235,22 @@ class FSDP2Strategy(Strategy):
 
         return DCPStateIO(self) if self.plugin.state_dict_type == SHARDED_STATE_DICT else FullStateIO(self)
 
-    def _options(self, full: bool, **extra: Any) -> Any:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        if not self.sharding:
-            return StateDictOptions(**{k: v for k, v in extra.items() if k == "strict"})
-        if full:
-            extra.setdefault("cpu_offload", True)
-        return StateDictOptions(full_state_dict=full, **extra)
-
     def model_state_dict(self, model: torch.nn.Module, *, full: bool = True) -> dict[str, Any]:
         """full: gathered tensor by tensor onto rank 0's CPU (others get {}); else this rank's DTensors."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        return get_model_state_dict(_inner(model), options=self._options(full))
+        return dtensor_state.model_state_dict(_inner(model), full, self.sharding)
 
     def load_model_state_dict(
         self, model: torch.nn.Module, state_dict: dict[str, Any], *, full: bool = True, strict: bool = True
     ) -> Any:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        extra: dict[str, Any] = {"strict": strict}
-        if full and self.sharding:
-            extra.update(broadcast_from_rank0=True, cpu_offload=False)
-        # torch fills the dict it is given with shards: copy so the caller's dict stays as it was.
-        return set_model_state_dict(_inner(model), dict(state_dict), options=self._options(full, **extra))
+        return dtensor_state.load_model_state_dict(_inner(model), state_dict, full, strict, self.sharding)
 
     def optimizer_state_dict(
         self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, *, full: bool = True
     ) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
         optimizer = raw_optimizer(optimizer)
-        owner = self._owner(model, optimizer)
-        return get_optimizer_state_dict(owner, optimizer, options=self._options(full))
+        return dtensor_state.optimizer_state_dict(
+            self._owner(model, optimizer), optimizer, full, self.sharding
+        )
 
     def load_optimizer_state_dict(
         self,
@@ -278,16 +260,9 @@ class FSDP2Strategy(Strategy):
         *,
         full: bool = True,
     ) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
         optimizer = raw_optimizer(optimizer)
         owner = self._owner(model, optimizer)
-        extra: dict[str, Any] = (
-            {"broadcast_from_rank0": True, "cpu_offload": False} if full and self.sharding else {}
-        )
-        set_optimizer_state_dict(
-            owner, optimizer, _copy_containers(state_dict), options=self._options(full, **extra)
-        )
+        dtensor_state.load_optimizer_state_dict(owner, optimizer, state_dict, full, self.sharding)
 
     def _owner(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """The prepared model whose parameters this optimizer updates (the hooks may pass None)."""
@@ -304,15 +279,6 @@ class FSDP2Strategy(Strategy):
     def teardown(self) -> None:
         self._models.clear()
         self.plans.clear()
-
-
-def _copy_containers(obj: Any) -> Any:
-    """New dicts and lists all the way down, the same tensors inside."""
-    if isinstance(obj, dict):
-        return {k: _copy_containers(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_copy_containers(v) for v in obj]
-    return obj
 
 
 def _check_plugin(plugin: Any) -> FullyShardedDataParallelPlugin:
