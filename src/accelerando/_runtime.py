@@ -257,6 +257,11 @@ def init_runtime(cpu: bool = False, init_kwargs: InitProcessGroupKwargs | None =
     return _RUNTIME
 
 
+def planned_topology() -> ProcessTopology:
+    """The topology this process has, or will have once the runtime starts (pure: no process group)."""
+    return _RUNTIME.topology if _RUNTIME is not None else detect_topology(env.snapshot())
+
+
 def configured_precision() -> str | None:
     """The mixed precision an Accelerator already configured in this process, or None.
 

@@ -15,6 +15,7 @@ import torch
 from accelerando import _prepare, _runtime
 from accelerando._accumulation import advance_window
 from accelerando._config_views import ConfigViews
+from accelerando._mesh_views import MeshViews
 from accelerando.checkpoint.objects import TrainingObjects
 from accelerando.config import env
 from accelerando.config.options import (
@@ -32,6 +33,7 @@ from accelerando.precision import build_precision
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState, GradientState, configure_gradient
 from accelerando.strategies import PrepareRequest, resolve_strategy
+from accelerando.strategies.resolve import plan_strategy
 from accelerando.tracking.session import TrackingSession
 
 
@@ -51,7 +53,7 @@ def _state_method(name: str) -> Any:
     return forward
 
 
-class Accelerator(ConfigViews):
+class Accelerator(ConfigViews, MeshViews):
     """Run one training script on any device count: see docs/ and `../shared/reference/API.md`."""
 
     def __init__(
@@ -73,6 +75,7 @@ class Accelerator(ConfigViews):
         dynamo_backend: Any = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
         **removed: Any,
     ) -> None:
         dataloader_config = fold_moved_arguments(removed, dataloader_config)
@@ -96,7 +99,9 @@ class Accelerator(ConfigViews):
             fsdp_plugin=fsdp_plugin,
             deepspeed_plugins=(deepspeed_plugin, deepspeed_plugins),
             settings=settings,
+            parallelism_config=parallelism_config,
         )
+        plan_strategy(self.config, _runtime.planned_topology())  # bad mesh sizes fail before any group work
         self._runtime = _runtime.init_runtime(cpu=self.config.cpu, init_kwargs=self.config.handlers.init)
         self._setup_components()
         self.state = AcceleratorState()
@@ -122,6 +127,8 @@ class Accelerator(ConfigViews):
             cfg, topology=rt.topology, device=rt.device, precision=precision, backend=rt.backend
         )
         strategy.setup_environment()
+        if cfg.parallelism is not None and rt.topology.is_distributed:  # Accelerate builds it eagerly
+            cfg.parallelism.device_mesh = strategy.ctx.mesh.build()
         rt.precision, rt.strategy, rt.mixed_precision = strategy.ctx.precision, strategy, cfg.mixed_precision
         configure_gradient(rt.gradient, cfg.gradient)
         rt.gradient.window_size = rt.gradient.num_steps

@@ -1,8 +1,9 @@
 """`ParallelismConfig` and its handlers: the sizes of each parallelism dimension, validated once.
 
 Accelerate's dataclasses with their fields, environment defaults (`PARALLELISM_CONFIG_*`, written by
-`accelerando launch --parallelism_config_*`) and validation. Building a device mesh from them (tensor,
-context, sequence parallelism, HSDP) is not available yet: those calls raise a clear error.
+`accelerando launch --parallelism_config_*`) and validation. `mesh_shape(world_size)` turns the sizes
+into the job's `MeshShape` (parallel/mesh.py, the one authority on topology), which the strategies
+and `build_device_mesh` use. Sequence parallelism (DeepSpeed Ulysses) is validated only.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerando.config import env
 from accelerando.config.options import DistributedType
+
+if TYPE_CHECKING:
+    from accelerando.parallel.mesh import MeshShape
 
 _ENV_PREFIX = "PARALLELISM_CONFIG_"
 # Mesh dimensions in the order they are laid out (outermost first), as Accelerate orders them.
@@ -23,10 +27,9 @@ SP_BACKENDS = ("deepspeed",)
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
 SP_ATTN_BUILTIN = ("flash_attention_2", "flash_attention_3", "sdpa")
 SP_ATTN_REFUSED = ("eager", "flex_attention")
-_NOT_YET = (
-    "accelerando does not build device meshes from a ParallelismConfig yet (tensor, context and sequence "
-    "parallelism, HSDP); the configuration is validated only. Use FullyShardedDataParallelPlugin or "
-    "DistributedDataParallelKwargs for data parallelism."
+_NO_SP = (
+    "sequence parallelism (DeepSpeed Ulysses, sp_size > 1) is not available yet in accelerando; "
+    "use sp_size=1 (tensor parallelism: tp_size, context parallelism: cp_size)"
 )
 
 
@@ -52,9 +55,15 @@ def _bool_setting(name: str, default: bool) -> bool:
 
 @dataclass
 class TorchTensorParallelConfig:
-    """Tensor-parallel options (`ParallelismConfig.tp_handler`)."""
+    """Tensor-parallel options (`ParallelismConfig.tp_handler`).
+
+    `tp_plan` (accelerando's addition): module path pattern -> `torch.distributed.tensor.parallel`
+    `ParallelStyle` (or one of transformers' style names: "colwise", "rowwise", ...), applied by
+    `prepare` with `parallelize_module`. Without it a transformers model's own `tp_plan` is used.
+    """
 
     enable_async_tp: bool = False
+    tp_plan: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         from accelerando.utils.constants import BETA_TP_AVAILABLE_TRANSFORMERS_VERSION
@@ -307,9 +316,35 @@ class ParallelismConfig:
         self._sizes[parallelism] = size
         setattr(self, f"{parallelism}_size", size)
 
-    # ---- meshes (not available yet) ---------------------------------------------------------------
+    # ---- meshes ------------------------------------------------------------------------------------
+    def mesh_shape(self, world_size: int) -> MeshShape:
+        """The sizes as the job's mesh, checked against `world_size` (pure: no process group needed)."""
+        from accelerando.parallel.mesh import MeshShape
+
+        if self.sp_enabled:
+            raise ValueError(f"ParallelismConfig(sp_size={self.sp_size}): {_NO_SP}")
+        sizes = {name: self._sizes[name] for name in ("dp_replicate", "dp_shard", "cp", "tp")}
+        if self.total_size != world_size:
+            product = " x ".join(f"{name}_size={size}" for name, size in sizes.items())
+            raise ValueError(
+                f"ParallelismConfig {product} = {self.total_size}, but the job has {world_size} "
+                f"process{'es' if world_size != 1 else ''}; the sizes must multiply to the number of processes"
+            )
+        return MeshShape.resolve(world_size, **sizes)
+
     def build_device_mesh(self, device_type: str) -> Any:
-        raise NotImplementedError(f"ParallelismConfig.build_device_mesh({device_type!r}): {_NOT_YET}")
+        """The `DeviceMesh` over dp_replicate, dp_shard, cp, tp (every dimension, size 1 included) with
+        `dp`, `dp_shard_cp` and `dp_cp` flattened; collective: every rank must call it."""
+        import torch.distributed as dist
+
+        from accelerando.parallel.mesh import ParallelMesh
+
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "ParallelismConfig.build_device_mesh needs the process group: create the Accelerator first"
+            )
+        shape = self.mesh_shape(dist.get_world_size())
+        return ParallelMesh(shape, dist.get_rank(), device_type).build()
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
         if self.device_mesh is None:

@@ -78,6 +78,10 @@ class EnvSettings:
     dynamo_regional: bool | None = None
     use_fsdp: bool = False
     use_deepspeed: bool = False
+    use_parallelism_config: bool = False
+    parallelism_variables: Mapping[str, str] = field(
+        default_factory=dict
+    )  # PARALLELISM_CONFIG_*, prefix removed
     deepspeed_variables: Mapping[str, str] = field(default_factory=dict)  # ACCELERANDO_DEEPSPEED_* and co.
     fp8_backend: str | None = None
     fp8_pad_inner_dim: bool | None = None
@@ -118,6 +122,8 @@ def read_settings(env: Mapping[str, str] | None = None) -> EnvSettings:
         dynamo_regional=_optional_flag("DYNAMO_USE_REGIONAL_COMPILATION", env),
         use_fsdp=flag("USE_FSDP", env=env),
         use_deepspeed=flag("USE_DEEPSPEED", env=env),
+        use_parallelism_config=flag("USE_PARALLELISM_CONFIG", env=env),
+        parallelism_variables=with_prefix("PARALLELISM_CONFIG_", env),
         deepspeed_variables=_deepspeed_variables(env),
         fp8_backend=(lookup("FP8_BACKEND", env) or "").strip().lower() or None,
         fp8_pad_inner_dim=_optional_flag("FP8_PAD_INNER_DIM", env),

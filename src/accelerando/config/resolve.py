@@ -74,14 +74,15 @@ class ResolvedConfig:
     use_fsdp: bool = False
     use_deepspeed: bool = False
     deepspeed_plugins: dict[str, Any] | None = None  # by name, the first one selected first
+    parallelism: Any = None  # ParallelismConfig, or None: the strategy's own layout
 
 
 # Accelerate's arguments for engines accelerando does not run yet. None, their default (what
 # transformers' Trainer passes to every Accelerator it builds), is accepted as Accelerate accepts it;
 # any other value is refused, naming the issue that builds the engine.
 NOT_YET_ARGUMENTS = {
-    "torch_tp_plugin": "tensor parallelism (issue 24, ParallelismConfig)",
-    "parallelism_config": "ParallelismConfig meshes (issue 24)",
+    "torch_tp_plugin": "TorchTensorParallelPlugin (deprecated by Accelerate; use "
+    "parallelism_config=ParallelismConfig(tp_size=...))",
     "megatron_lm_plugin": "Megatron-LM (not planned; see README 'Not there yet')",
 }
 
@@ -239,6 +240,28 @@ def _fp8_recipe(
     return AORecipeKwargs(config=Float8LinearConfig(**options))
 
 
+def _parallelism(given: Any, settings: env.EnvSettings) -> Any:
+    """The ParallelismConfig passed, or one read from the launcher's `PARALLELISM_CONFIG_*` variables."""
+    from accelerando.parallelism_config import ParallelismConfig
+
+    if given is None:
+        if not settings.use_parallelism_config:
+            return None
+        sizes: dict[str, Any] = {}
+        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+            value = settings.parallelism_variables.get(f"{name.upper()}_SIZE")
+            try:
+                sizes[f"{name}_size"] = int(value) if value else 1
+            except ValueError:
+                raise ValueError(
+                    f"environment variable PARALLELISM_CONFIG_{name.upper()}_SIZE={value!r} is not an integer"
+                ) from None
+        return ParallelismConfig(**sizes)
+    if not isinstance(given, ParallelismConfig):
+        raise TypeError(f"parallelism_config must be a ParallelismConfig, got {type(given).__name__}")
+    return given
+
+
 def _dynamo(backend: Any, plugin: TorchDynamoPlugin | None, settings: env.EnvSettings) -> TorchDynamoPlugin:
     if backend is not None and plugin is not None:
         raise ValueError("pass either dynamo_backend or dynamo_plugin, not both")
@@ -271,6 +294,7 @@ def resolve(
     fsdp_plugin: Any,
     settings: env.EnvSettings,
     deepspeed_plugins: tuple[Any, Any] = (None, None),
+    parallelism_config: Any = None,
 ) -> ResolvedConfig:
     """Validate everything before any work starts; errors name the value and what is accepted.
 
@@ -316,4 +340,5 @@ def resolve(
         use_fsdp=fsdp_plugin is not None or settings.use_fsdp,
         use_deepspeed=ds_plugins is not None,
         deepspeed_plugins=ds_plugins,
+        parallelism=_parallelism(parallelism_config, settings),
     )

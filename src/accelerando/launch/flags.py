@@ -74,9 +74,13 @@ NO_DEEPSPEED_RUNNER = (
     "accelerando starts every machine's processes with torchrun's agent (--num_machines, --machine_rank, "
     "--main_process_ip); DeepSpeed's own multi-node runner (hostfile, include/exclude filters) is not used"
 )
-NO_PARALLELISM = (
-    "ParallelismConfig (tensor, context and sequence parallelism, HSDP sizes) is not available yet in "
-    "accelerando (issue 24)"
+NO_CONTEXT_PARALLEL = (
+    "context parallelism is not available yet in accelerando (issue 24); dp_replicate_size, dp_shard_size "
+    "and tp_size are"
+)
+NO_SEQUENCE_PARALLEL = (
+    "sequence parallelism (DeepSpeed Ulysses) is not available yet in accelerando; dp_replicate_size, "
+    "dp_shard_size and tp_size are"
 )
 NO_TE = "Transformer Engine fp8 is not available yet in accelerando (issue 22); --fp8_backend ao (torchao) is"
 NO_MSAMP = "MS-AMP fp8 is not available yet in accelerando (issue 22); --fp8_backend ao (torchao) is"
@@ -116,7 +120,7 @@ _CORE: list[Option] = [
     _o("use_deepspeed", "switch", PARADIGM, "train with DeepSpeed (ZeRO stages 0-3)", yaml=(), export=True),
     _o("use_fsdp", "switch", PARADIGM, "train with FSDP", yaml=(), export=True),
     _o("use_parallelism_config", "switch", PARADIGM, "build a ParallelismConfig from --parallelism_config_* "
-       "(not available yet: issue 24)", yaml=(), export=True, refused=NO_PARALLELISM),
+       "(implied by any of them or by a parallelism_config block in the config file)", yaml=(), export=True),
     _o("use_megatron_lm", "switch", PARADIGM, "Megatron-LM (not supported by accelerando)", yaml=(), env=None,
        refused="accelerando does not launch Megatron-LM"),
     _o("gpu_ids", "str", DISTRIBUTED, "accelerator ids for this machine, 'all' or e.g. '0,1' "
@@ -230,22 +234,25 @@ _FP8: list[Option] = [
 def _pc(name: str, kind: str, help: str, **kw: Any) -> Option:
     full = "parallelism_config_" + name
     return Option(name=full, kind=kind, group=PARALLEL, help=help, yaml=(f"parallelism_config.{full}",),
-                  env=full.upper(), export=True, refused=NO_PARALLELISM, **kw)  # fmt: skip
+                  env=full.upper(), export=True, **kw)  # fmt: skip
 
 
 _PARALLEL: list[Option] = [
-    _pc("dp_replicate_size", "int", "data-parallel replicas (HSDP outer dimension)"),
-    _pc("dp_shard_size", "int", "data-parallel shards (FSDP dimension)"),
-    _pc("tp_size", "int", "tensor-parallel size"),
-    _pc("cp_size", "int", "context-parallel size"),
-    _pc("cp_backend", "str", "context-parallel backend", choices=("torch",)),
-    _pc("cp_comm_strategy", "str", "context-parallel rotation: allgather or alltoall"),
-    _pc("sp_size", "int", "sequence-parallel size"),
-    _pc("sp_backend", "str", "sequence-parallel backend", choices=("deepspeed",)),
-    _pc("sp_seq_length", "int", "sequence length for sequence parallelism"),
-    _pc("sp_seq_length_is_variable", "bool", "sequence length varies between batches"),
-    _pc("sp_attn_implementation", "str", "attention implementation for sequence parallelism"),
-]
+    _pc("dp_replicate_size", "int", "data-parallel replicas (DDP, or the HSDP outer dimension)", minimum=1),
+    _pc("dp_shard_size", "int", "data-parallel shards (FSDP dimension; needs --use_fsdp)", minimum=1),
+    _pc("tp_size", "int", "tensor-parallel size", minimum=1),
+    _pc("cp_size", "int", "context-parallel size", refused=NO_CONTEXT_PARALLEL),
+    _pc("cp_backend", "str", "context-parallel backend", choices=("torch",), refused=NO_CONTEXT_PARALLEL),
+    _pc("cp_comm_strategy", "str", "context-parallel rotation: allgather or alltoall",
+        refused=NO_CONTEXT_PARALLEL),
+    _pc("sp_size", "int", "sequence-parallel size", refused=NO_SEQUENCE_PARALLEL),
+    _pc("sp_backend", "str", "sequence-parallel backend", choices=("deepspeed",), refused=NO_SEQUENCE_PARALLEL),
+    _pc("sp_seq_length", "int", "sequence length for sequence parallelism", refused=NO_SEQUENCE_PARALLEL),
+    _pc("sp_seq_length_is_variable", "bool", "sequence length varies between batches",
+        refused=NO_SEQUENCE_PARALLEL),
+    _pc("sp_attn_implementation", "str", "attention implementation for sequence parallelism",
+        refused=NO_SEQUENCE_PARALLEL),
+]  # fmt: skip
 
 OPTIONS: tuple[Option, ...] = tuple(_CORE + _DEEPSPEED + _FSDP + _FP8 + _PARALLEL)
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

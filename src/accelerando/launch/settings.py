@@ -14,7 +14,7 @@ from typing import Any
 
 from accelerando.config import env as envmod
 from accelerando.config.yaml_config import ConfigFile
-from accelerando.launch.flags import BY_NAME, DEEPSPEED, FP8, FSDP, OPTIONS, Option
+from accelerando.launch.flags import BY_NAME, DEEPSPEED, FP8, FSDP, OPTIONS, PARALLEL, Option
 
 DEFAULT = "default"
 # Shown in the printout even when they kept their default.
@@ -283,8 +283,50 @@ def resolve(
     _check_deepspeed(r)
     r = _resolve_device(r, detected)
     r = _resolve_counts(r, detected)
+    r = _resolve_parallelism(r)
     r = _resolve_network(r, port_is_free, free_port)
     return _validate_misc(r, detected)
+
+
+_MESH_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+
+
+def _resolve_parallelism(r: Resolved) -> Resolved:
+    """Any ParallelismConfig setting implies --use_parallelism_config (Accelerate: a non-empty block in
+    the config file does); sizes that do not multiply to the process count stop the launch."""
+    named = [o.name for o in OPTIONS if o.group == PARALLEL and given(r, o.name)]
+    if named and not r["use_parallelism_config"]:
+        r = r.with_value("use_parallelism_config", True, f"derived: {_label(named[0], r.sources[named[0]])}")
+    if not r["use_parallelism_config"]:
+        return r
+    sizes = {name: r["parallelism_config_" + name] or 1 for name in _MESH_SIZES}
+    total = 1
+    for size in sizes.values():
+        total *= size
+    if total == 1:
+        return r  # every size 1: the strategy's own layout
+    product = " x ".join(
+        f"{_label('parallelism_config_' + name, r.sources['parallelism_config_' + name])}={size}"
+        if given(r, "parallelism_config_" + name)
+        else f"{name}={size}"
+        for name, size in sizes.items()
+    )
+    if total != r["num_processes"]:
+        raise ValueError(
+            f"ParallelismConfig {product} = {total}, but the launch starts {r['num_processes']} processes "
+            f"(num_processes, from {r.sources['num_processes']}); the sizes must multiply to it"
+        )
+    # The strategy the processes will run decides whether it can use these sizes (the same check).
+    from accelerando.parallel.mesh import MeshShape
+    from accelerando.strategies.registry import strategy_class
+
+    name = "fsdp2" if r["use_fsdp"] else "deepspeed" if r["use_deepspeed"] else "ddp"
+    shape = MeshShape(*(sizes[n] for n in ("dp_replicate_size", "dp_shard_size", "cp_size", "tp_size")))
+    try:
+        strategy_class(name).adopt_mesh_shape(shape)
+    except ValueError as err:
+        raise ValueError(f"{product}: {err}") from None
+    return r
 
 
 def _check_precision(r: Resolved, detected: Detected) -> None:

@@ -6,8 +6,9 @@ the world size) with the rank arithmetic every "which rank, which group" questio
 component asks for a sub-mesh, so plain data parallelism never creates a process group of its own.
 
 Ranks are laid out row-major over `MESH_DIMS`, `tp` varying fastest: the ranks of one tensor
-parallel group are neighbours (one node), those of one replica group are farthest apart.
-Only the data-parallel dimensions are used today; `cp` and `tp` stay 1 until those features land.
+parallel group are neighbours (one node), those of one replica group are farthest apart. The
+flattened dimensions are Accelerate's: `dp` (the ranks that read different data), `dp_shard_cp`
+(what FSDP shards parameters over) and `dp_cp` (what the loss is averaged over).
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from typing import Any
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
 DP_DIMS = ("dp_replicate", "dp_shard")
-FLAT_DIMS = {"dp": DP_DIMS}
+FLAT_DIMS = {
+    "dp": DP_DIMS,
+    "dp_shard_cp": ("dp_shard", "cp"),
+    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+}
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,11 @@ class ParallelMesh:
         return self.shape.group_ranks(DP_DIMS, self.rank)
 
     @property
+    def built(self) -> bool:
+        """Whether the `DeviceMesh` exists already (asking for it would not be collective)."""
+        return self._root is not None
+
+    @property
     def device_mesh(self) -> Any:
         """The whole `DeviceMesh` over `MESH_DIMS` (collective on first use: every rank must ask)."""
         if self._root is None:
@@ -154,6 +164,14 @@ class ParallelMesh:
 
             self._root = init_device_mesh(self.device_type, self.shape.sizes, mesh_dim_names=MESH_DIMS)
         return self._root
+
+    def build(self) -> Any:
+        """The `DeviceMesh` with every flattened dimension registered, so that any rank can later look
+        up `mesh["dp"]` (or `dp_shard_cp`, `dp_cp`) on the root without a collective (Accelerate's
+        `torch_device_mesh`)."""
+        for name in FLAT_DIMS:
+            self[name]
+        return self.device_mesh
 
     def __getitem__(self, name: str | tuple[str, ...]) -> Any:
         """A named sub-mesh: one of `MESH_DIMS`, a tuple of them in order, or the flattened `dp`."""

@@ -18,11 +18,12 @@ import torch
 
 from accelerando.cluster.base import ProcessTopology
 from accelerando.config.options import DistributedType, TorchDynamoPlugin
+from accelerando.parallel import grad_norm
 from accelerando.parallel.activation_checkpointing import apply_activation_checkpointing
 from accelerando.parallel.compile import compile_model
 from accelerando.parallel.mesh import MeshShape, ParallelMesh
 from accelerando.precision.base import Precision
-from accelerando.strategies import compose
+from accelerando.strategies import compose, dtensor_state
 
 if TYPE_CHECKING:
     from accelerando.checkpoint.state_io import StateIO
@@ -50,6 +51,7 @@ class StrategyContext:
     precision: Precision
     backend: str | None
     mesh: ParallelMesh
+    tp_plan: dict[str, Any] | None = None  # the user's tensor-parallel plan (TorchTensorParallelConfig)
 
     @property
     def rank(self) -> int:
@@ -93,6 +95,7 @@ class Strategy:
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
+        self._prepared_models: list[torch.nn.Module] = []
 
     # ---- resolution: what the resolver asks before building the strategy ---------------------
     @classmethod
@@ -104,6 +107,25 @@ class Strategy:
     def mesh_shape(cls, topology: ProcessTopology, **options: Any) -> MeshShape:
         """How this strategy lays the ranks out: every rank a replica (data parallel)."""
         return MeshShape.resolve(topology.world_size, dp_replicate=-1, dp_shard=1)
+
+    @classmethod
+    def adopt_mesh_shape(cls, shape: MeshShape, **options: Any) -> MeshShape:
+        """The layout of a ParallelismConfig, if this strategy can run it (else a ValueError naming the
+        sizes). Replicas (DDP) cannot shard parameters nor split sequences: that needs FSDP."""
+        if shape.dp_shard > 1 or shape.cp > 1:
+            raise ValueError(
+                f"ParallelismConfig dp_shard_size={shape.dp_shard}, cp_size={shape.cp}: sharding parameters "
+                f"(and context parallelism) needs FSDP, but this job runs {cls.name!r}; pass "
+                "fsdp_plugin=FullyShardedDataParallelPlugin() (or launch with --use_fsdp), or use dp_replicate_size"
+            )
+        if shape.dp_replicate > 1 and shape.tp > 1:
+            raise ValueError(
+                f"ParallelismConfig dp_replicate_size={shape.dp_replicate} with tp_size={shape.tp}: replicas of a "
+                f"tensor-parallel model are not available under {cls.name!r} (DDP sees only local shards, so "
+                "clipping and checkpoints would be wrong); use FSDP (fsdp_plugin) with dp_shard_size, which "
+                "composes with tensor parallelism"
+            )
+        return shape
 
     @classmethod
     def adapt_precision(cls, precision: Precision) -> Precision:
@@ -131,6 +153,8 @@ class Strategy:
             for i, model in enumerate(request.models)
         ]
         self.rebind_optimizers(request.optimizers, names, models)
+        if self._tensor_parallel:  # their optimizers' state dicts need them (`_owner`)
+            self._prepared_models.extend(self.unwrap(m) for m in models)
         return Prepared(models, list(request.optimizers), list(request.schedulers))
 
     def prepare_model(
@@ -160,8 +184,12 @@ class Strategy:
         """Refuse a model this strategy cannot train, before anything changes it."""
 
     def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Tensor / context parallelism over the mesh's `tp` / `cp` dimensions (none yet)."""
-        return model
+        """Tensor parallelism over the mesh's `tp` dimension (the user's plan or the model's own)."""
+        if self.ctx.mesh.shape.tp == 1:
+            return model
+        from accelerando.parallel.tensor_parallel import apply_tensor_parallel
+
+        return apply_tensor_parallel(model, self.ctx.mesh["tp"], self.ctx.tp_plan)
 
     def checkpointed_modules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The blocks whose activations are recomputed in backward (none unless configured)."""
@@ -176,7 +204,12 @@ class Strategy:
         names: compose.ParameterNames,
         models: list[torch.nn.Module],
     ) -> None:
-        """Strategies that replace parameters (sharding) point the optimizers at the new ones."""
+        """Strategies that replace parameters (sharding) point the optimizers at the new ones;
+        tensor parallelism replaces them too (DTensor shards)."""
+        if self.ctx.mesh.shape.tp > 1:
+            unwrapped = [self.unwrap(m) for m in models]
+            for optimizer in optimizers:
+                compose.rebind_optimizer(optimizer, names, unwrapped)
 
     # ---- training step ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -211,35 +244,51 @@ class Strategy:
     def clip_grad_norm_(
         self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
-        return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+        """torch's clipping; over DTensor gradients (tensor parallel) the norm of the whole gradient."""
+        params = list(parameters)
+        if grad_norm.has_dtensor_grads(params):
+            return grad_norm.clip_grad_norm_(params, max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
-        torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
+        grad_norm.clip_grad_value_(parameters, clip_value)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
     # ---- state: what the checkpointer calls, never inspecting the strategy --------------------
     def state_io(self) -> StateIO:
-        """The on-disk format of what this strategy owns (models and optimizers)."""
-        from accelerando.strategies.state_io import FullStateIO
+        """The on-disk format of what this strategy owns (models and optimizers): tensor-parallel
+        shards go through DCP, which reshards on load (to one unsharded process, say)."""
+        from accelerando.strategies.state_io import DCPStateIO, FullStateIO
 
-        return FullStateIO(self)
+        return DCPStateIO(self) if self._tensor_parallel else FullStateIO(self)
+
+    @property
+    def _tensor_parallel(self) -> bool:
+        return self.ctx.mesh.shape.tp > 1
 
     def model_state_dict(self, model: torch.nn.Module, *, full: bool = True) -> dict[str, Any]:
         """Model weights. `full=True`: unsharded tensors on CPU, complete at least on rank 0
         (sharding strategies may return `{}` elsewhere); `full=False`: this rank's shards (DTensors)."""
+        if self._tensor_parallel:
+            return dtensor_state.model_state_dict(self.unwrap(model), full)
         return self.unwrap(model).state_dict()
 
     def load_model_state_dict(
         self, model: torch.nn.Module, state_dict: dict[str, Any], *, full: bool = True, strict: bool = True
     ) -> Any:
         """Inverse of `model_state_dict`; with `full=True` a sharding strategy reads rank 0's copy."""
+        if self._tensor_parallel:
+            return dtensor_state.load_model_state_dict(self.unwrap(model), state_dict, full, strict)
         return self.unwrap(model).load_state_dict(state_dict, strict=strict)
 
     def optimizer_state_dict(
         self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, *, full: bool = True
     ) -> dict[str, Any]:
+        if self._tensor_parallel:
+            raw = compose.raw_optimizer(optimizer)
+            return dtensor_state.optimizer_state_dict(self._owner(model, raw), raw, full)
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(
@@ -250,7 +299,21 @@ class Strategy:
         *,
         full: bool = True,
     ) -> None:
+        if self._tensor_parallel:
+            raw = compose.raw_optimizer(optimizer)
+            dtensor_state.load_optimizer_state_dict(self._owner(model, raw), raw, state_dict, full)
+            return
         optimizer.load_state_dict(state_dict)
+
+    def _owner(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+        """The prepared model whose parameters `optimizer` updates (checkpoint hooks may pass None)."""
+        if model is not None:
+            return self.unwrap(model)
+        wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for candidate in self._prepared_models:
+            if any(id(p) in wanted for p in candidate.parameters()):
+                return candidate
+        raise ValueError("this optimizer's parameters belong to no prepared model; prepare them together")
 
     # ---- topology -----------------------------------------------------------------------------
     @property
@@ -263,3 +326,4 @@ class Strategy:
 
     def teardown(self) -> None:
         """Release what `prepare` created (engines, hooks)."""
+        self._prepared_models.clear()

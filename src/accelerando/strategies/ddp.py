@@ -50,6 +50,8 @@ class DDPStrategy(Strategy):
     def wrap_model(self, model: torch.nn.Module, *, evaluation_mode: bool = False) -> torch.nn.Module:
         if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise: inference models stay unwrapped
+        if self.ctx.mesh.data_parallel_size == 1:
+            return model  # every rank is in one tensor-parallel group: no replica to synchronise with
         device_ids = None if self.ctx.device.type == "cpu" else [self.ctx.device.index or 0]
         arguments = self._ddp_arguments()
         group = self.ctx.mesh.data_parallel_group()  # None: every rank is a replica (the default group)

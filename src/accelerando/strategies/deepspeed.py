@@ -88,6 +88,16 @@ class DeepSpeedStrategy(Strategy):
         return MeshShape.resolve(topology.world_size, dp_shard=-1)  # ZeRO partitions over every rank
 
     @classmethod
+    def adopt_mesh_shape(cls, shape: MeshShape, **options: Any) -> MeshShape:
+        """ZeRO partitions over every rank; tensor and context parallelism are not run under DeepSpeed."""
+        if shape.tp > 1 or shape.cp > 1:
+            raise ValueError(
+                f"ParallelismConfig tp_size={shape.tp}, cp_size={shape.cp}: tensor and context parallelism "
+                "are not available with DeepSpeed in accelerando; use FSDP (fsdp_plugin) or tp_size=cp_size=1"
+            )
+        return MeshShape.resolve(shape.world_size, dp_shard=-1)
+
+    @classmethod
     def adapt_precision(cls, precision: Precision) -> Precision:
         return EnginePrecision(precision.name)
 

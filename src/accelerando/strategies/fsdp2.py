@@ -11,7 +11,6 @@ The shards live on the mesh's `dp_shard` dimension (`dp_replicate` x `dp_shard` 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +25,9 @@ from accelerando.config.fsdp import (
     warn_once,
 )
 from accelerando.config.options import DistributedType
-from accelerando.parallel.mesh import DP_DIMS, MeshShape
-from accelerando.strategies import fsdp_loading
+from accelerando.parallel import grad_norm
+from accelerando.parallel.mesh import MeshShape
+from accelerando.strategies import dtensor_state, fsdp_loading
 from accelerando.strategies.base import Strategy, StrategyContext
 from accelerando.strategies.compose import ParameterNames, inner_module, raw_optimizer, rebind_optimizer
 from accelerando.strategies.fsdp_wrap import WrapPlan, outermost, plan_wrapping
@@ -72,6 +72,15 @@ class FSDP2Strategy(Strategy):
             raise ValueError(f"HYBRID_SHARD needs world size {world} divisible by {local} ranks per node")
         return MeshShape.resolve(world, dp_replicate=-1, dp_shard=local)
 
+    @classmethod
+    def adopt_mesh_shape(cls, shape: MeshShape, **options: Any) -> MeshShape:
+        if shape.dp_shard * shape.cp == 1:
+            raise ValueError(
+                f"FSDP needs a dimension to shard over, but the ParallelismConfig has dp_shard_size="
+                f"{shape.dp_shard} and cp_size={shape.cp}; raise dp_shard_size (or cp_size), or train without FSDP"
+            )
+        return shape
+
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.FSDP
@@ -91,8 +100,13 @@ class FSDP2Strategy(Strategy):
 
     # ---- prepare: the steps of Strategy.prepare_model this strategy supplies ------------------
     def mesh(self) -> Any:
-        """The `DeviceMesh` FSDP2 shards over, taken from the job's mesh."""
-        return self.ctx.mesh[DP_DIMS] if self.plugin.hybrid_shard else self.ctx.mesh["dp_shard"]
+        """The `DeviceMesh` FSDP2 shards over, taken from the job's mesh: `dp_shard` (flattened with
+        `cp` when context parallel), behind `dp_replicate` for HSDP (HYBRID_SHARD or dp_replicate > 1)."""
+        shape = self.ctx.mesh.shape
+        shard = "dp_shard_cp" if shape.cp > 1 else "dp_shard"
+        if self.plugin.hybrid_shard or shape.dp_replicate > 1:
+            return self.ctx.mesh[("dp_replicate", shard)]
+        return self.ctx.mesh[shard]
 
     def _plan(self, target: torch.nn.Module) -> WrapPlan:
         """The units of `target`, planned once (before activation checkpointing and compile)."""
@@ -206,20 +220,10 @@ class FSDP2Strategy(Strategy):
         self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
         """The norm over the whole (unsharded) gradient, computed from the shards; returns a plain tensor."""
-        params = [p for p in parameters if p.grad is not None]
-        total = total_grad_norm([p.grad for p in params], norm_type)  # type: ignore[misc]
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        with torch.no_grad():
-            for p in params:
-                grad = _local(p.grad)  # type: ignore[arg-type]
-                grad.mul_(coef.to(grad.device, grad.dtype))
-        return total
+        return grad_norm.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
-        with torch.no_grad():
-            for p in parameters:
-                if p.grad is not None:
-                    _local(p.grad).clamp_(-clip_value, clip_value)
+        grad_norm.clip_grad_value_(parameters, clip_value)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model  # FSDP2 shards in place: the user's module is the prepared one
@@ -231,40 +235,22 @@ class FSDP2Strategy(Strategy):
 
         return DCPStateIO(self) if self.plugin.state_dict_type == SHARDED_STATE_DICT else FullStateIO(self)
 
-    def _options(self, full: bool, **extra: Any) -> Any:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        if not self.sharding:
-            return StateDictOptions(**{k: v for k, v in extra.items() if k == "strict"})
-        if full:
-            extra.setdefault("cpu_offload", True)
-        return StateDictOptions(full_state_dict=full, **extra)
-
     def model_state_dict(self, model: torch.nn.Module, *, full: bool = True) -> dict[str, Any]:
         """full: gathered tensor by tensor onto rank 0's CPU (others get {}); else this rank's DTensors."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        return get_model_state_dict(_inner(model), options=self._options(full))
+        return dtensor_state.model_state_dict(_inner(model), full, self.sharding)
 
     def load_model_state_dict(
         self, model: torch.nn.Module, state_dict: dict[str, Any], *, full: bool = True, strict: bool = True
     ) -> Any:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        extra: dict[str, Any] = {"strict": strict}
-        if full and self.sharding:
-            extra.update(broadcast_from_rank0=True, cpu_offload=False)
-        # torch fills the dict it is given with shards: copy so the caller's dict stays as it was.
-        return set_model_state_dict(_inner(model), dict(state_dict), options=self._options(full, **extra))
+        return dtensor_state.load_model_state_dict(_inner(model), state_dict, full, strict, self.sharding)
 
     def optimizer_state_dict(
         self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, *, full: bool = True
     ) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
         optimizer = raw_optimizer(optimizer)
-        owner = self._owner(model, optimizer)
-        return get_optimizer_state_dict(owner, optimizer, options=self._options(full))
+        return dtensor_state.optimizer_state_dict(
+            self._owner(model, optimizer), optimizer, full, self.sharding
+        )
 
     def load_optimizer_state_dict(
         self,
@@ -274,16 +260,9 @@ class FSDP2Strategy(Strategy):
         *,
         full: bool = True,
     ) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
         optimizer = raw_optimizer(optimizer)
         owner = self._owner(model, optimizer)
-        extra: dict[str, Any] = (
-            {"broadcast_from_rank0": True, "cpu_offload": False} if full and self.sharding else {}
-        )
-        set_optimizer_state_dict(
-            owner, optimizer, _copy_containers(state_dict), options=self._options(full, **extra)
-        )
+        dtensor_state.load_optimizer_state_dict(owner, optimizer, state_dict, full, self.sharding)
 
     def _owner(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """The prepared model whose parameters this optimizer updates (the hooks may pass None)."""
@@ -300,42 +279,6 @@ class FSDP2Strategy(Strategy):
     def teardown(self) -> None:
         self._models.clear()
         self.plans.clear()
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (a view: in-place ops change the DTensor), or the tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def total_grad_norm(grads: list[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
-    """p-norm of all gradients as if unsharded: shard norms are combined across ranks, per mesh."""
-    from torch.distributed.tensor import DTensor
-
-    norm_type = float(norm_type)
-    if not grads:
-        return torch.tensor(0.0)
-    groups: dict[Any, list[torch.Tensor]] = {}
-    for g in grads:
-        groups.setdefault(id(g.device_mesh) if isinstance(g, DTensor) else None, []).append(g)
-    parts: list[torch.Tensor] = []
-    for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group, norm_type)
-        parts.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float().cpu())
-    stacked = torch.stack(parts)
-    if math.isinf(norm_type):
-        return stacked.max()
-    return stacked.pow(norm_type).sum().pow(1.0 / norm_type)
-
-
-def _copy_containers(obj: Any) -> Any:
-    """New dicts and lists all the way down, the same tensors inside."""
-    if isinstance(obj, dict):
-        return {k: _copy_containers(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_copy_containers(v) for v in obj]
-    return obj
 
 
 def _check_plugin(plugin: Any) -> FullyShardedDataParallelPlugin:

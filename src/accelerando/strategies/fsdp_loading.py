@@ -67,9 +67,14 @@ def materialize_from_rank0(model: torch.nn.Module, kept: Rank0Weights, device: t
 
 
 def broadcast_module_states(model: torch.nn.Module) -> None:
-    """`sync_module_states` on a model every rank built for real: rank 0's values win."""
+    """`sync_module_states` on a model every rank built for real: rank 0's values win. Tensor-parallel
+    shards (DTensors) are skipped: `parallelize_module` scattered them from their group's first rank."""
+    from torch.distributed.tensor import DTensor
+
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
+            if isinstance(tensor, DTensor):
+                continue
             if tensor.is_meta:
                 raise ValueError(
                     "sync_module_states: a parameter is on the meta device; enable cpu_ram_efficient_loading "

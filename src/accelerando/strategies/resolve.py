@@ -7,12 +7,12 @@ configuration, one line in `strategy_name`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accelerando.cluster.base import ProcessTopology
-from accelerando.parallel.mesh import ParallelMesh
+from accelerando.parallel.mesh import MeshShape, ParallelMesh
 from accelerando.precision.base import Precision
 from accelerando.strategies.base import Strategy, StrategyContext
 from accelerando.strategies.registry import strategy_class
@@ -30,6 +30,19 @@ def strategy_name(config: ResolvedConfig, world_size: int) -> str:
     return "ddp" if world_size > 1 else "single_device"
 
 
+def plan_strategy(
+    config: ResolvedConfig, topology: ProcessTopology
+) -> tuple[type[Strategy], dict[str, Any], MeshShape]:
+    """The strategy class, its options and its mesh shape; pure, so the facade can call it before
+    any process group exists (bad ParallelismConfig sizes fail there, naming the numbers)."""
+    cls = strategy_class(strategy_name(config, topology.world_size))
+    options = cls.options(config)
+    parallelism = config.parallelism
+    if parallelism is None or (parallelism.total_size == 1 and not parallelism.sp_enabled):
+        return cls, options, cls.mesh_shape(topology, **options)  # all sizes 1: the strategy's own layout
+    return cls, options, cls.adopt_mesh_shape(parallelism.mesh_shape(topology.world_size), **options)
+
+
 def resolve_strategy(
     config: ResolvedConfig,
     *,
@@ -40,10 +53,16 @@ def resolve_strategy(
 ) -> Strategy:
     """Build the strategy and the mesh it lays the ranks out on (validated here, built lazily); the
     facade drives `strategy.ctx.precision` (the strategy may replace the one it was given)."""
-    cls = strategy_class(strategy_name(config, topology.world_size))
-    options = cls.options(config)
-    shape = cls.mesh_shape(topology, **options)
+    cls, options, shape = plan_strategy(config, topology)
     mesh = ParallelMesh(shape, rank=topology.rank, device_type=device.type)
     precision = cls.adapt_precision(precision)
-    ctx = StrategyContext(device=device, topology=topology, precision=precision, backend=backend, mesh=mesh)
+    handler = config.parallelism.tp_handler if config.parallelism is not None else None
+    ctx = StrategyContext(
+        device=device,
+        topology=topology,
+        precision=precision,
+        backend=backend,
+        mesh=mesh,
+        tp_plan=getattr(handler, "tp_plan", None),
+    )
     return cls(ctx, **options)

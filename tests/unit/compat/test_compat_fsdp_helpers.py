@@ -89,11 +89,17 @@ def test_loading_the_other_format_names_what_is_missing(tmp_path: Path) -> None:
         load_fsdp_model(sharded, accelerator, model, tmp_path)
 
 
-@pytest.mark.parametrize("name", ["torch_tp_plugin", "megatron_lm_plugin", "parallelism_config"])
+@pytest.mark.parametrize("name", ["torch_tp_plugin", "megatron_lm_plugin"])
 def test_engine_arguments_accept_none_and_refuse_a_value(name: str) -> None:
     Accelerator(cpu=True, **{name: None})  # what transformers' Trainer passes every time
     with pytest.raises(NotImplementedError, match=rf"{name}=object.*not available yet"):
         Accelerator(cpu=True, **{name: object()})
+
+
+def test_parallelism_config_accepts_none_and_names_a_wrong_type() -> None:
+    Accelerator(cpu=True, parallelism_config=None)
+    with pytest.raises(TypeError, match="parallelism_config must be a ParallelismConfig, got object"):
+        Accelerator(cpu=True, parallelism_config=object())
 
 
 @pytest.mark.parametrize("name", ["deepspeed_plugin", "deepspeed_plugins"])

@@ -139,12 +139,30 @@ def test_unused_handler_warns_like_accelerate() -> None:
             config._validate_accelerator(_accelerator(is_fsdp2=True))
 
 
-def test_meshes_are_not_built_yet_and_say_so() -> None:
-    config = our_pc.ParallelismConfig(dp_shard_size=2, tp_size=2)
-    with pytest.raises(NotImplementedError, match="does not build device meshes"):
+def test_build_device_mesh_names_every_dimension_and_the_flattened_ones() -> None:
+    """Built over torch's fake process group (one process playing rank 6 of 8)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    config = our_pc.ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2)
+    with pytest.raises(RuntimeError, match="needs the process group"):
         config.build_device_mesh("cpu")
     with pytest.raises(ValueError, match="device_type"):
         config.get_device_mesh()
+    dist.init_process_group("fake", store=FakeStore(), rank=6, world_size=8)
+    try:
+        mesh = config.get_device_mesh("cpu")
+        assert mesh.mesh_dim_names == ("dp_replicate", "dp_shard", "cp", "tp")
+        assert tuple(mesh.shape) == (2, 2, 1, 2)
+        assert mesh["tp"].mesh.tolist() == [6, 7]
+        assert mesh["dp"].mesh.tolist() == [0, 2, 4, 6]
+        assert mesh["dp_shard_cp"].mesh.tolist() == [4, 6]
+        assert mesh["dp_cp"].mesh.tolist() == [0, 2, 4, 6]
+        assert config.get_device_mesh() is mesh
+        with pytest.raises(ValueError, match=r"tp_size=4 = 16, but the job has 8 processes"):
+            our_pc.ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=4).build_device_mesh("cpu")
+    finally:
+        dist.destroy_process_group()
 
 
 HANDLER_CASES: list[tuple[str, dict[str, Any]]] = [
@@ -167,7 +185,8 @@ def test_handlers_match_accelerate(name: str, kwargs: dict[str, Any]) -> None:
     outcomes = []
     for dataclasses in (our_dc, their_dc):
         try:
-            outcomes.append(vars(getattr(dataclasses, name)(**kwargs)))
+            fields = vars(getattr(dataclasses, name)(**kwargs))
+            outcomes.append({k: v for k, v in fields.items() if k != "tp_plan"})  # accelerando's addition
         except ValueError as err:
             outcomes.append(str(err)[:40])
     assert outcomes[0] == outcomes[1]

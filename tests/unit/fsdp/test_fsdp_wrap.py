@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from accelerando.config.fsdp import FullyShardedDataParallelPlugin as Plugin
-from accelerando.strategies.fsdp2 import total_grad_norm
+from accelerando.parallel.grad_norm import total_grad_norm
 from accelerando.strategies.fsdp_wrap import infer_block_classes, plan_wrapping
 
 

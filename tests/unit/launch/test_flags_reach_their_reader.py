@@ -133,7 +133,7 @@ class NoEffect:
 
 NO_DS_RUNNER = "DeepSpeed's own multi-node runner (hostfile, include/exclude filters) is not used"
 DS = {"use_deepspeed": True}
-NO_PC = "is not available yet in accelerando (issue 24)"
+NO_PC = "is not available yet in accelerando"
 NO_TE = "Transformer Engine fp8 is not available yet in accelerando (issue 22)"
 NO_MSAMP = "MS-AMP fp8 is not available yet in accelerando (issue 22)"
 
@@ -158,7 +158,20 @@ ROWS: dict[str, list[Reaches | Refused | NoEffect]] = {
     ],
     "use_deepspeed": [Reaches(True, accelerator_config("deepspeed_plugins.default.zero_stage"), 2)],
     "use_fsdp": [Reaches(True, accelerator_config("use_fsdp"), True)],
-    "use_parallelism_config": [Refused(True, NO_PC)],
+    "use_parallelism_config": [Reaches(True, accelerator_config("parallelism.tp_size"), 1)],
+    "parallelism_config_dp_replicate_size": [
+        Reaches(2, accelerator_config("parallelism.dp_replicate_size"), 2, also={"num_processes": 2})
+    ],
+    "parallelism_config_dp_shard_size": [
+        Reaches(
+            2, accelerator_config("parallelism.dp_shard_size"), 2, also={"num_processes": 2, "use_fsdp": True}
+        ),
+        Refused(2, "sharding parameters (and context parallelism) needs FSDP", also={"num_processes": 2}),
+    ],
+    "parallelism_config_tp_size": [
+        Reaches(2, accelerator_config("parallelism.tp_size"), 2, also={"num_processes": 2}),
+        Refused(2, "cp_size=1 = 2, but the launch starts 4 processes", also={"num_processes": 4}),
+    ],
     "use_megatron_lm": [Refused(True, "does not launch Megatron-LM")],
     "gpu_ids": [
         Reaches("0,1", exported_as("CUDA_VISIBLE_DEVICES"), "0,1", also={"num_processes": 2}, detected=GPU4)
@@ -450,3 +463,18 @@ def test_core_share_splits_cores_contiguously() -> None:
     assert worker.pin_to_core_share({"LOCAL_RANK": "0"}) is None  # off unless asked
     with pytest.raises(ValueError, match="local rank 3 of 3"):
         worker.core_share(cores, 3, 3)
+
+
+def test_a_parallelism_config_block_in_the_config_file_reaches_the_accelerator(tmp_path: Path) -> None:
+    """Accelerate's YAML block: its presence turns the config on, as Accelerate's launcher does."""
+    from accelerando.config.yaml_config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 2\n"
+        "parallelism_config:\n  parallelism_config_dp_replicate_size: 1\n  parallelism_config_tp_size: 2\n"
+    )
+    r = resolve({}, {}, load_config(path), CPU, free_port=lambda: 29400)
+    exported = child_exports(r, "cpu")
+    assert exported["PARALLELISM_CONFIG_TP_SIZE"] == "2" and r["use_parallelism_config"] is True
+    assert accelerator_config("parallelism.tp_size")(r, exported) == 2
