@@ -25,8 +25,10 @@ from accelerando.config.options import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    MSAMPRecipeKwargs,
     ProfileKwargs,
     ProjectConfiguration,
+    TERecipeKwargs,
 )
 from accelerando.data_loader import skip_first_batches
 from accelerando.inference import prepare_pippy
@@ -61,6 +63,8 @@ _apply_as_accelerate_switch()
 
 __all__ = [
     "AORecipeKwargs",
+    "MSAMPRecipeKwargs",
+    "TERecipeKwargs",
     "Accelerator",
     "AutocastKwargs",
     "DDPCommunicationHookType",

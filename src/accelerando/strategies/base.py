@@ -120,7 +120,9 @@ class Strategy:
     # ---- prepare ------------------------------------------------------------------------------
     def prepare(self, request: PrepareRequest) -> Prepared:
         """Compose every model, then point the optimizers at the parameters that replaced theirs."""
-        names = compose.parameter_names(request.models)
+        models, optimizers = self.ctx.precision.initialize(list(request.models), list(request.optimizers))
+        compose.follow_replaced_optimizers(request.schedulers, request.optimizers, optimizers)
+        names = compose.parameter_names(models)
         models = [
             self.prepare_model(
                 model,
@@ -128,10 +130,10 @@ class Strategy:
                 dynamo=request.dynamo,
                 evaluation_mode=request.evaluation_mode,
             )
-            for i, model in enumerate(request.models)
+            for i, model in enumerate(models)
         ]
-        self.rebind_optimizers(request.optimizers, names, models)
-        return Prepared(models, list(request.optimizers), list(request.schedulers))
+        self.rebind_optimizers(optimizers, names, models)
+        return Prepared(models, optimizers, list(request.schedulers))
 
     def prepare_model(
         self,
@@ -176,7 +178,11 @@ class Strategy:
         names: compose.ParameterNames,
         models: list[torch.nn.Module],
     ) -> None:
-        """Strategies that replace parameters (sharding) point the optimizers at the new ones."""
+        """Strategies that replace parameters (sharding) point the optimizers at the new ones; so does
+        a precision whose conversion does (Transformer Engine's layers)."""
+        if self.ctx.precision.replaces_parameters:
+            for optimizer in optimizers:
+                compose.rebind_optimizer(optimizer, names, models)
 
     # ---- training step ------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -37,7 +37,7 @@ def wrap_forward_in_autocast(model: torch.nn.Module, precision: Precision) -> No
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        with precision.autocast():
+        with precision.forward_context(model):
             out = original(*args, **kwargs)
         if isinstance(out, torch.Tensor):  # the common case, without walking a structure
             return out.float() if out.dtype in _LOW_PRECISION else out
@@ -100,3 +100,12 @@ def rebind_optimizer(
             key = names.get(id(param))
             rebound.append(current[key[0]][key[1]] if key is not None else param)
         group["params"] = rebound
+
+
+def follow_replaced_optimizers(schedulers: Any, before: list[Any], after: list[Any]) -> None:
+    """Schedulers of an optimizer a precision replaced (MS-AMP's) drive the replacement."""
+    for old, new in zip(before, after):
+        if new is not old:
+            for scheduler in schedulers:
+                if getattr(scheduler, "optimizer", None) is old:
+                    scheduler.optimizer = new

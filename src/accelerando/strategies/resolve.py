@@ -40,7 +40,9 @@ def resolve_strategy(
 ) -> Strategy:
     """Build the strategy and the mesh it lays the ranks out on (validated here, built lazily); the
     facade drives `strategy.ctx.precision` (the strategy may replace the one it was given)."""
-    cls = strategy_class(strategy_name(config, topology.world_size))
+    name = strategy_name(config, topology.world_size)
+    precision.check_strategy(name)
+    cls = strategy_class(name)
     options = cls.options(config)
     shape = cls.mesh_shape(topology, **options)
     mesh = ParallelMesh(shape, rank=topology.rank, device_type=device.type)
