@@ -109,3 +109,20 @@ def follow_replaced_optimizers(schedulers: Any, before: list[Any], after: list[A
             for scheduler in schedulers:
                 if getattr(scheduler, "optimizer", None) is old:
                     scheduler.optimizer = new
+                    _track_step_for_scheduler(new)
+
+
+def _track_step_for_scheduler(optimizer: Any) -> None:
+    """What torch's LRScheduler does to the optimizer it is built with, for its "optimizer.step()
+    before lr_scheduler.step()" check: mark the step as tracked and note each call."""
+    step = optimizer.step
+    if getattr(step, "_wrapped_by_lr_sched", False):
+        return
+
+    @functools.wraps(step)
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = tracked
