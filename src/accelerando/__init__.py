@@ -26,8 +26,10 @@ from accelerando.config.options import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    MSAMPRecipeKwargs,
     ProfileKwargs,
     ProjectConfiguration,
+    TERecipeKwargs,
 )
 from accelerando.data_loader import skip_first_batches
 from accelerando.inference import prepare_pippy
@@ -63,6 +65,8 @@ silence_known_import_noise()
 
 __all__ = [
     "AORecipeKwargs",
+    "MSAMPRecipeKwargs",
+    "TERecipeKwargs",
     "Accelerator",
     "AutocastKwargs",
     "DDPCommunicationHookType",

@@ -121,7 +121,7 @@ class Accelerator(ConfigViews, MeshViews):
                 f"a second one cannot use {cfg.mixed_precision!r} (call accelerando.state.reset_runtime() in tests)"
             )
         precision = build_precision(
-            cfg.mixed_precision, rt.device.type, cfg.handlers.autocast, cfg.handlers.scaler, cfg.handlers.fp8
+            cfg.mixed_precision, rt.device.type, cfg.handlers.autocast, cfg.handlers.scaler, cfg.fp8
         )
         strategy = resolve_strategy(
             cfg, topology=rt.topology, device=rt.device, precision=precision, backend=rt.backend

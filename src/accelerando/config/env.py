@@ -86,6 +86,15 @@ class EnvSettings:
     fp8_backend: str | None = None
     fp8_pad_inner_dim: bool | None = None
     fp8_enable_fsdp_float8_all_gather: bool | None = None
+    fp8_use_autocast_during_eval: bool | None = None
+    fp8_margin: int | None = None
+    fp8_interval: int | None = None
+    fp8_format: str | None = None
+    fp8_amax_history_len: int | None = None
+    fp8_amax_compute_algo: str | None = None
+    fp8_override_linear_precision: tuple[bool, bool, bool] | None = None
+    fp8_opt_level: str | None = None
+    fp8_recipe_name: str | None = None
     torch_device: str | None = None
     debug_mode: bool = False
     enable_rich: bool = False
@@ -96,6 +105,29 @@ class EnvSettings:
 def _optional_flag(name: str, env: Mapping[str, str]) -> bool | None:
     value = lookup(name, env)
     return None if value is None else parse_bool(value, PREFIX + name)
+
+
+def _fp8_overrides(env: Mapping[str, str]) -> tuple[bool, bool, bool] | None:
+    """`FP8_OVERRIDE_LINEAR_PRECISION` as the launcher writes it ("(False, True, False)"), else
+    Accelerate's three `FP8_OVERRIDE_FPROP/DGRAD/WGRAD` flags; None when none is set."""
+    text = lookup("FP8_OVERRIDE_LINEAR_PRECISION", env)
+    name = PREFIX + "FP8_OVERRIDE_LINEAR_PRECISION"
+    if text is not None:
+        parts = [p for p in text.strip().strip("()[]").replace(" ", "").split(",") if p]
+        if len(parts) != 3:
+            raise ValueError(
+                f"environment variable {name}={text!r} must be three booleans, e.g. (False, False, True)"
+            )
+        a, b, c = (parse_bool(p, name) for p in parts)
+        return (a, b, c)
+    flags = [_optional_flag("FP8_OVERRIDE_" + gemm, env) for gemm in ("FPROP", "DGRAD", "WGRAD")]
+    if all(f is None for f in flags):
+        return None
+    return (bool(flags[0]), bool(flags[1]), bool(flags[2]))
+
+
+def _lower(name: str, env: Mapping[str, str]) -> str | None:
+    return (lookup(name, env) or "").strip().lower() or None
 
 
 _DEEPSPEED_SHARED = ("GRADIENT_CLIPPING", "GRADIENT_ACCUMULATION_STEPS")
@@ -125,9 +157,18 @@ def read_settings(env: Mapping[str, str] | None = None) -> EnvSettings:
         use_parallelism_config=flag("USE_PARALLELISM_CONFIG", env=env),
         parallelism_variables=with_prefix("PARALLELISM_CONFIG_", env),
         deepspeed_variables=_deepspeed_variables(env),
-        fp8_backend=(lookup("FP8_BACKEND", env) or "").strip().lower() or None,
+        fp8_backend=_lower("FP8_BACKEND", env),
         fp8_pad_inner_dim=_optional_flag("FP8_PAD_INNER_DIM", env),
         fp8_enable_fsdp_float8_all_gather=_optional_flag("FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", env),
+        fp8_use_autocast_during_eval=_optional_flag("FP8_USE_AUTOCAST_DURING_EVAL", env),
+        fp8_margin=integer("FP8_MARGIN", env=env),
+        fp8_interval=integer("FP8_INTERVAL", env=env),
+        fp8_format=(_lower("FP8_FORMAT", env) or "").upper() or None,
+        fp8_amax_history_len=integer("FP8_AMAX_HISTORY_LEN", env=env),
+        fp8_amax_compute_algo=_lower("FP8_AMAX_COMPUTE_ALGO", env),
+        fp8_override_linear_precision=_fp8_overrides(env),
+        fp8_opt_level=(_lower("FP8_OPT_LEVEL", env) or "").upper() or None,
+        fp8_recipe_name=_lower("FP8_RECIPE_NAME", env),
         torch_device=lookup("TORCH_DEVICE", env) or None,
         debug_mode=flag("DEBUG_MODE", env=env),
         enable_rich=flag("ENABLE_RICH", env=env),

@@ -10,7 +10,7 @@ import copy
 import enum
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from accelerando.config import env
 
@@ -203,12 +203,92 @@ class ProfileKwargs(KwargsHandler):
         return build_profiler(self)
 
 
+FP8_BACKENDS = ("ao", "te", "msamp")  # torchao, Transformer Engine, MS-AMP
+AO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
+AMAX_COMPUTE_ALGORITHMS = ("max", "most_recent")
+MSAMP_OPT_LEVELS = ("O1", "O2")
+
+
+def _one_of(field_name: str, value: str, accepted: tuple[str, ...]) -> None:
+    if value not in accepted:
+        raise ValueError(f"`{field_name}` must be one of {' or '.join(accepted)}, got {value!r}")
+
+
 @dataclass
 class AORecipeKwargs(KwargsHandler):
-    """fp8 through torchao: a `Float8LinearConfig` and which Linear layers to convert."""
+    """fp8 through torchao: a `Float8LinearConfig` (or a recipe name) and which Linear layers to convert.
+
+    `config` wins over the other fields. Without it the config is built from `recipe_name`
+    (torchao's `tensorwise`, `rowwise`, `rowwise_with_gw_hp`; default tensorwise) and the two switches
+    the launcher can set; fields left None come from the launcher, else torchao's defaults.
+    """
 
     config: Any = None
     module_filter_func: Any = None
+    pad_inner_dim: bool | None = None
+    enable_fsdp_float8_all_gather: bool | None = None
+    recipe_name: str | None = None
+    backend: ClassVar[str] = "ao"
+
+    def __post_init__(self) -> None:
+        if self.recipe_name is not None:
+            self.recipe_name = self.recipe_name.lower()
+            _one_of("recipe_name", self.recipe_name, AO_RECIPES)
+
+
+@dataclass
+class TERecipeKwargs(KwargsHandler):
+    """fp8 through Transformer Engine: the `DelayedScaling` recipe's fields, Accelerate's names.
+
+    Fields left None come from the launcher (`--fp8_*`), else Transformer Engine's defaults as
+    Accelerate sets them. Explicit values are checked here, before any work.
+    """
+
+    use_autocast_during_eval: bool | None = None
+    margin: int | None = None
+    interval: int | None = None
+    fp8_format: str | None = None
+    amax_history_len: int | None = None
+    amax_compute_algo: str | None = None
+    override_linear_precision: tuple[bool, bool, bool] | None = None
+    backend: ClassVar[str] = "te"
+
+    def __post_init__(self) -> None:
+        if self.fp8_format is not None:
+            self.fp8_format = self.fp8_format.upper()
+            _one_of("fp8_format", self.fp8_format, FP8_FORMATS)
+        if self.amax_compute_algo is not None:
+            self.amax_compute_algo = self.amax_compute_algo.lower()
+            _one_of("amax_compute_algo", self.amax_compute_algo, AMAX_COMPUTE_ALGORITHMS)
+        for name in ("margin", "interval", "amax_history_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < (1 if name != "margin" else 0)):
+                raise ValueError(
+                    f"`{name}` must be an integer >= {0 if name == 'margin' else 1}, got {value!r}"
+                )
+        olp = self.override_linear_precision
+        if olp is not None and (len(tuple(olp)) != 3 or not all(isinstance(b, bool) for b in olp)):
+            raise ValueError(
+                f"`override_linear_precision` must be three booleans (fprop, dgrad, wgrad), got {olp!r}"
+            )
+
+
+@dataclass
+class MSAMPRecipeKwargs(KwargsHandler):
+    """fp8 through MS-AMP: `msamp.initialize(model, optimizer, opt_level)`; O1 keeps fp8 weights and
+    gradients, O2 also fp8/fp16 optimizer states. None comes from the launcher, else O2."""
+
+    opt_level: str | None = None
+    backend: ClassVar[str] = "msamp"
+
+    def __post_init__(self) -> None:
+        if self.opt_level is not None:
+            self.opt_level = self.opt_level.upper()
+            _one_of("opt_level", self.opt_level, MSAMP_OPT_LEVELS)
+
+
+FP8_RECIPES = (AORecipeKwargs, TERecipeKwargs, MSAMPRecipeKwargs)
 
 
 @dataclass

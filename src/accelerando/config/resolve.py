@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelerando.config import env
+from accelerando.config.fp8 import Fp8Recipe, Fp8Request, resolve_fp8
 from accelerando.config.options import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -22,8 +23,10 @@ from accelerando.config.options import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    MSAMPRecipeKwargs,
     ProfileKwargs,
     ProjectConfiguration,
+    TERecipeKwargs,
     TorchDynamoPlugin,
 )
 from accelerando.precision.registry import validate_mixed_precision
@@ -35,6 +38,8 @@ _HANDLER_SLOTS: dict[type, str] = {
     InitProcessGroupKwargs: "init",
     ProfileKwargs: "profile",
     AORecipeKwargs: "fp8",
+    TERecipeKwargs: "fp8",
+    MSAMPRecipeKwargs: "fp8",
 }
 
 # Data-loader switches that Accelerate 1.0 moved into DataLoaderConfiguration. Old scripts still
@@ -55,7 +60,7 @@ class Handlers:
     scaler: GradScalerKwargs | None = None
     init: InitProcessGroupKwargs | None = None
     profile: ProfileKwargs | None = None
-    fp8: AORecipeKwargs | None = None
+    fp8: Fp8Recipe | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class ResolvedConfig:
     use_deepspeed: bool = False
     deepspeed_plugins: dict[str, Any] | None = None  # by name, the first one selected first
     parallelism: Any = None  # ParallelismConfig, or None: the strategy's own layout
+    fp8: Fp8Request | None = None  # mixed_precision="fp8": backend asked for and completed recipes
 
 
 # Accelerate's arguments for engines accelerando does not run yet. None, their default (what
@@ -132,6 +138,8 @@ def fold_moved_arguments(
 def sort_handlers(kwargs_handlers: list[Any] | None) -> Handlers:
     found: dict[str, Any] = {}
     for handler in kwargs_handlers or []:
+        if hasattr(handler, "to_recipe"):  # FP8RecipeKwargs (Accelerate 1.0): its backend's recipe
+            handler = handler.to_recipe()
         if not isinstance(handler, KwargsHandler):
             raise TypeError(
                 f"kwargs_handlers accepts KwargsHandler instances ({', '.join(c.__name__ for c in _HANDLER_SLOTS)}),"
@@ -215,31 +223,6 @@ def _accumulation_source(
     return None
 
 
-def _fp8_recipe(
-    precision: str, given: AORecipeKwargs | None, settings: env.EnvSettings
-) -> AORecipeKwargs | None:
-    """The torchao recipe from the launcher's fp8 settings, unless the script passed its own."""
-    if precision != "fp8":
-        return given
-    if settings.fp8_backend not in (None, "ao"):
-        raise ValueError(
-            f"fp8 backend {settings.fp8_backend!r} (ACCELERANDO_FP8_BACKEND) is not available yet in "
-            "accelerando (issue 22); accepted: ao (torchao)"
-        )
-    options = {
-        "pad_inner_dim": settings.fp8_pad_inner_dim,
-        "enable_fsdp_float8_all_gather": settings.fp8_enable_fsdp_float8_all_gather,
-    }
-    options = {k: v for k, v in options.items() if v is not None}
-    if given is not None or not options:
-        return given
-    try:
-        from torchao.float8 import Float8LinearConfig
-    except ImportError as err:
-        raise ImportError("mixed_precision='fp8' needs torchao: pip install 'accelerando[fp8]'") from err
-    return AORecipeKwargs(config=Float8LinearConfig(**options))
-
-
 def _parallelism(given: Any, settings: env.EnvSettings) -> Any:
     """The ParallelismConfig passed, or one read from the launcher's `PARALLELISM_CONFIG_*` variables."""
     from accelerando.parallelism_config import ParallelismConfig
@@ -313,11 +296,14 @@ def resolve(
         gradient,
         _accumulation_source(gradient_accumulation_steps, gradient_accumulation_plugin, settings),
     )
-    handlers = dataclasses.replace(handlers, fp8=_fp8_recipe(precision, handlers.fp8, settings))
     if handlers.fp8 is not None and precision != "fp8":
         raise ValueError(
-            f"an fp8 recipe (AORecipeKwargs) was given but mixed_precision is {precision!r}; use 'fp8'"
+            f"an fp8 recipe ({type(handlers.fp8).__name__}) was given but mixed_precision is {precision!r}; "
+            "use 'fp8'"
         )
+    fp8 = resolve_fp8(handlers.fp8, settings) if precision == "fp8" else None
+    if fp8 is not None and fp8.requested is not None:
+        handlers = dataclasses.replace(handlers, fp8=fp8.recipes[fp8.requested])
     if dataloader_config is not None and not isinstance(dataloader_config, DataLoaderConfiguration):
         raise TypeError(
             f"dataloader_config must be a DataLoaderConfiguration, got {type(dataloader_config).__name__}"
@@ -341,4 +327,5 @@ def resolve(
         use_deepspeed=ds_plugins is not None,
         deepspeed_plugins=ds_plugins,
         parallelism=_parallelism(parallelism_config, settings),
+        fp8=fp8,
     )

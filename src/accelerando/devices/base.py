@@ -53,6 +53,10 @@ class Device:
         free, total = self.module().mem_get_info(index)
         return int(free), int(total)
 
+    def compute_capability(self, index: int = 0) -> tuple[int, int] | None:
+        """(major, minor) for devices that number their generations that way (CUDA); else None."""
+        return None
+
     def supports_dtype(self, dtype: torch.dtype) -> bool:
         if dtype == torch.bfloat16:
             checker = getattr(self.module(), "is_bf16_supported", None)

@@ -82,8 +82,6 @@ NO_SEQUENCE_PARALLEL = (
     "sequence parallelism (DeepSpeed Ulysses) is not available yet in accelerando; dp_replicate_size, "
     "dp_shard_size and tp_size are"
 )
-NO_TE = "Transformer Engine fp8 is not available yet in accelerando (issue 22); --fp8_backend ao (torchao) is"
-NO_MSAMP = "MS-AMP fp8 is not available yet in accelerando (issue 22); --fp8_backend ao (torchao) is"
 
 _CORE: list[Option] = [
     _o("debug", "switch", GENERAL, "check collectives across ranks (sets ACCELERANDO_DEBUG_MODE) and show launcher logs",
@@ -208,26 +206,25 @@ def _fp8(name: str, kind: str, help: str, keys: tuple[str, ...], **kw: Any) -> O
 
 
 _FP8: list[Option] = [
-    _fp8("fp8_backend", "str", "FP8 backend: ao (torchao, the one used); te and msamp are not available yet "
-         "(issue 22)", ("backend",), choices=("ao", "te", "msamp"), lower=True,
-         refused_values={"te": NO_TE, "msamp": NO_MSAMP}),
+    _fp8("fp8_backend", "str", "FP8 backend: ao (torchao), te (Transformer Engine) or msamp (MS-AMP); "
+         "default: the one that can run here (te, msamp, then ao)", ("backend",), choices=("ao", "te", "msamp"),
+         lower=True),
     _fp8("fp8_use_autocast_during_eval", "switch", "TE: keep FP8 autocast during evaluation",
-         ("use_autocast_during_eval",), refused=NO_TE),
-    _fp8("fp8_margin", "int", "TE scaling margin", ("margin",), refused=NO_TE),
-    _fp8("fp8_interval", "int", "TE scaling-factor update interval", ("interval",), refused=NO_TE),
-    _fp8("fp8_format", "str", "TE FP8 format", ("fp8_format",), choices=("HYBRID", "E4M3", "E5M2"),
-         refused=NO_TE),
-    _fp8("fp8_amax_history_len", "int", "TE amax history length", ("amax_history_len", "amax_history_length"),
-         refused=NO_TE),
+         ("use_autocast_during_eval",)),
+    _fp8("fp8_margin", "int", "TE scaling margin", ("margin",)),
+    _fp8("fp8_interval", "int", "TE scaling-factor update interval", ("interval",)),
+    _fp8("fp8_format", "str", "TE FP8 format", ("fp8_format",), choices=("HYBRID", "E4M3", "E5M2")),
+    _fp8("fp8_amax_history_len", "int", "TE amax history length", ("amax_history_len", "amax_history_length")),
     _fp8("fp8_amax_compute_algo", "str", "TE amax algorithm", ("amax_compute_algo", "amax_compute_algorithm"),
-         choices=("max", "most_recent"), refused=NO_TE),
+         choices=("max", "most_recent")),
     _fp8("fp8_override_linear_precision", "str", "TE '(fprop, dgrad, wgrad)' higher-precision overrides",
-         ("override_linear_precision",), refused=NO_TE),
-    _fp8("fp8_opt_level", "str", "MS-AMP level", ("opt_level", "optimization_level"), choices=("O1", "O2"),
-         refused=NO_MSAMP),
+         ("override_linear_precision",)),
+    _fp8("fp8_opt_level", "str", "MS-AMP level", ("opt_level", "optimization_level"), choices=("O1", "O2")),
     _fp8("fp8_enable_fsdp_float8_all_gather", "bool", "torchao: FP8 all-gather under FSDP2",
          ("enable_fsdp_float8_all_gather",)),
     _fp8("fp8_pad_inner_dim", "bool", "torchao: pad inner dimensions", ("pad_inner_dim",)),
+    _fp8("fp8_recipe_name", "str", "torchao: Float8LinearConfig recipe", ("recipe_name",),
+         choices=("tensorwise", "rowwise", "rowwise_with_gw_hp"), lower=True),
 ]  # fmt: skip
 
 

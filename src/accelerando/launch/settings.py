@@ -35,7 +35,8 @@ class Detected:
     device_type: str = "cpu"
     device_count: int = 0
     cpu_cores: int = 1
-    has_torchao: bool = True  # mixed_precision fp8 needs it
+    fp8_packages: frozenset[str] = frozenset({"ao"})  # fp8 backends whose package is installed
+    compute_capability: tuple[int, int] | None = None  # CUDA only
 
 
 def detect_machine() -> Detected:
@@ -49,9 +50,16 @@ def detect_machine() -> Detected:
     device = accelerator_device()
     cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
     count = device.device_count() if device.type != "cpu" else 0
-    has_torchao = importlib.util.find_spec("torchao") is not None
+    from accelerando.precision.fp8_probe import PACKAGES
+
+    # find_spec only (importing torchao takes seconds); each process imports what it uses
+    fp8 = frozenset(b for b, module in PACKAGES.items() if importlib.util.find_spec(module.split(".")[0]))
     return Detected(
-        device_type=device.type, device_count=count, cpu_cores=int(cores), has_torchao=has_torchao
+        device_type=device.type,
+        device_count=count,
+        cpu_cores=int(cores),
+        fp8_packages=fp8,
+        compute_capability=device.compute_capability() if count else None,
     )
 
 
@@ -331,12 +339,17 @@ def _resolve_parallelism(r: Resolved) -> Resolved:
 
 def _check_precision(r: Resolved, detected: Detected) -> None:
     """fp8 needs torchao; fp8 settings need fp8 (they would be read by nobody otherwise)."""
+    from accelerando.precision.fp8_probe import Fp8BackendUnavailable, Fp8Facts, choose_backend
+
     precision, where = r["mixed_precision"], r.sources["mixed_precision"]
-    if precision == "fp8" and not detected.has_torchao:
-        raise ValueError(
-            f"{_label('mixed_precision', where)}=fp8 needs torchao, which is not installed here: "
-            "pip install 'accelerando[fp8]'"
-        )
+    if precision == "fp8":  # the capability probe, on what launch detected (processes probe again)
+        facts = Fp8Facts(detected.device_type, detected.compute_capability, detected.fp8_packages)
+        backend, backend_where = r["fp8_backend"], r.sources["fp8_backend"]
+        try:
+            choose_backend(backend, facts)
+        except Fp8BackendUnavailable as err:
+            name, source = ("fp8_backend", backend_where) if backend else ("mixed_precision", where)
+            raise ValueError(f"{_label(name, source)}={backend or 'fp8'}: {err}") from None
     fp8_given = [o.name for o in OPTIONS if o.group == FP8 and given(r, o.name)]
     if fp8_given and precision != "fp8" and where != DEFAULT:
         name = fp8_given[0]

@@ -7,12 +7,41 @@ from typing import Any
 
 import torch
 
+STRATEGY_NAMES = {
+    "single_device": "single-device",
+    "ddp": "DDP",
+    "fsdp2": "FSDP2 (fully_shard)",
+    "deepspeed": "DeepSpeed",
+}
+
 
 class Precision:
     """Full precision: every hook is the identity. Mixed precision overrides what it needs."""
 
     name = "no"
     compute_dtype: torch.dtype | None = None
+    backend: str | None = None  # fp8 only: "ao", "te", "msamp"
+    strategies: tuple[str, ...] | None = None  # the strategies it composes with (None: every one)
+    replaces_parameters = False  # convert_module puts new Parameters in place (optimizers are rebound)
+
+    def check_strategy(self, strategy: str) -> None:
+        """Refuse, before any work, a strategy this precision cannot run under (naming both)."""
+        if self.strategies is not None and strategy not in self.strategies:
+            raise ValueError(
+                f"mixed_precision={self.name!r} with fp8 backend {self.backend!r} does not support the "
+                f"{STRATEGY_NAMES.get(strategy, strategy)} strategy; it runs with "
+                f"{', '.join(STRATEGY_NAMES.get(s, s) for s in self.strategies)}"
+            )
+
+    def initialize(
+        self, models: list[torch.nn.Module], optimizers: list[Any]
+    ) -> tuple[list[torch.nn.Module], list[Any]]:
+        """Convert models and optimizers together, before any wrapping (MS-AMP); identity otherwise."""
+        return models, optimizers
+
+    def forward_context(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """The context one forward of `model` runs in (may depend on `model.training`)."""
+        return self.autocast()
 
     def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
         """Swap layers before wrapping (fp8 replaces Linear); identity otherwise."""

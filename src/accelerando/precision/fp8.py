@@ -1,15 +1,19 @@
 """fp8 training through torchao's float8 Linear layers (the backend that runs everywhere torch does).
 
-Layers are swapped in `convert_module`, before any wrapping; compute stays in the model's dtype
-elsewhere, so no autocast is needed.
+Layers are swapped in `convert_module`, before any wrapping; the swap keeps each Linear's own
+weight Parameter, so optimizers built before `prepare`, `state_dict()` keys and `save_model` output
+stay those of the plain model. Compute stays in the model's dtype elsewhere: no autocast is needed.
+Under FSDP2, `enable_fsdp_float8_all_gather` makes `fully_shard` all-gather the weights in fp8.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
+from accelerando.config.options import AORecipeKwargs
 from accelerando.precision.base import Precision
 
 
@@ -20,18 +24,43 @@ def default_fp8_filter(module: torch.nn.Module, name: str) -> bool:
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
+def float8_config(recipe: AORecipeKwargs) -> Any:
+    """The recipe's `Float8LinearConfig`: the one given, else built from its name and switches."""
+    try:
+        from torchao.float8 import Float8LinearConfig
+    except ImportError as err:
+        raise ImportError(
+            "mixed_precision='fp8' with torchao needs torchao: pip install 'accelerando[fp8]'"
+        ) from err
+    if recipe.config is not None:
+        return recipe.config
+    config = Float8LinearConfig.from_recipe_name(recipe.recipe_name or "tensorwise")
+    switches = {
+        "pad_inner_dim": recipe.pad_inner_dim,
+        "enable_fsdp_float8_all_gather": recipe.enable_fsdp_float8_all_gather,
+    }
+    switches = {k: v for k, v in switches.items() if v is not None}
+    if switches.get("enable_fsdp_float8_all_gather") and recipe.recipe_name not in (None, "tensorwise"):
+        raise ValueError(
+            f"enable_fsdp_float8_all_gather needs the tensorwise recipe (torchao); got recipe_name={recipe.recipe_name!r}"
+        )
+    return dataclasses.replace(config, **switches) if switches else config
+
+
 class TorchAoFp8Precision(Precision):
     name = "fp8"
+    backend = "ao"
+    strategies = ("single_device", "ddp", "fsdp2")
 
-    def __init__(self, config: Any = None, module_filter_fn: Any = None) -> None:
-        try:
-            from torchao.float8 import Float8LinearConfig
-        except ImportError as err:
-            raise ImportError("mixed_precision='fp8' needs torchao: pip install 'accelerando[fp8]'") from err
-        self.config = config or Float8LinearConfig()
-        self.module_filter_fn = module_filter_fn or default_fp8_filter
+    def __init__(self, recipe: AORecipeKwargs | None = None) -> None:
+        recipe = recipe or AORecipeKwargs()
+        self.config = float8_config(recipe)
+        self.module_filter_fn = recipe.module_filter_func or default_fp8_filter
 
     def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
         from torchao.float8 import convert_to_float8_training
+        from torchao.float8.float8_linear import Float8Linear
 
+        if any(isinstance(m, Float8Linear) for m in model.modules()):
+            return model  # converted before (a model prepared twice): never convert twice
         return convert_to_float8_training(model, config=self.config, module_filter_fn=self.module_filter_fn)

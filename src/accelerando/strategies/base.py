@@ -142,7 +142,9 @@ class Strategy:
     # ---- prepare ------------------------------------------------------------------------------
     def prepare(self, request: PrepareRequest) -> Prepared:
         """Compose every model, then point the optimizers at the parameters that replaced theirs."""
-        names = compose.parameter_names(request.models)
+        models, optimizers = self.ctx.precision.initialize(list(request.models), list(request.optimizers))
+        compose.follow_replaced_optimizers(request.schedulers, request.optimizers, optimizers)
+        names = compose.parameter_names(models)
         models = [
             self.prepare_model(
                 model,
@@ -150,12 +152,12 @@ class Strategy:
                 dynamo=request.dynamo,
                 evaluation_mode=request.evaluation_mode,
             )
-            for i, model in enumerate(request.models)
+            for i, model in enumerate(models)
         ]
-        self.rebind_optimizers(request.optimizers, names, models)
+        self.rebind_optimizers(optimizers, names, models)
         if self._tensor_parallel:  # their optimizers' state dicts need them (`_owner`)
             self._prepared_models.extend(self.unwrap(m) for m in models)
-        return Prepared(models, list(request.optimizers), list(request.schedulers))
+        return Prepared(models, optimizers, list(request.schedulers))
 
     def prepare_model(
         self,
@@ -204,9 +206,9 @@ class Strategy:
         names: compose.ParameterNames,
         models: list[torch.nn.Module],
     ) -> None:
-        """Strategies that replace parameters (sharding) point the optimizers at the new ones;
-        tensor parallelism replaces them too (DTensor shards)."""
-        if self.ctx.mesh.shape.tp > 1:
+        """Strategies that replace parameters (sharding) point the optimizers at the new ones; so do
+        tensor parallelism (DTensor shards) and a precision whose conversion does (Transformer Engine)."""
+        if self.ctx.mesh.shape.tp > 1 or self.ctx.precision.replaces_parameters:
             unwrapped = [self.unwrap(m) for m in models]
             for optimizer in optimizers:
                 compose.rebind_optimizer(optimizer, names, unwrapped)

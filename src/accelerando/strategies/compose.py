@@ -37,7 +37,7 @@ def wrap_forward_in_autocast(model: torch.nn.Module, precision: Precision) -> No
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        with precision.autocast():
+        with precision.forward_context(model):
             out = original(*args, **kwargs)
         if isinstance(out, torch.Tensor):  # the common case, without walking a structure
             return out.float() if out.dtype in _LOW_PRECISION else out
@@ -100,3 +100,29 @@ def rebind_optimizer(
             key = names.get(id(param))
             rebound.append(current[key[0]][key[1]] if key is not None else param)
         group["params"] = rebound
+
+
+def follow_replaced_optimizers(schedulers: Any, before: list[Any], after: list[Any]) -> None:
+    """Schedulers of an optimizer a precision replaced (MS-AMP's) drive the replacement."""
+    for old, new in zip(before, after):
+        if new is not old:
+            for scheduler in schedulers:
+                if getattr(scheduler, "optimizer", None) is old:
+                    scheduler.optimizer = new
+                    _track_step_for_scheduler(new)
+
+
+def _track_step_for_scheduler(optimizer: Any) -> None:
+    """What torch's LRScheduler does to the optimizer it is built with, for its "optimizer.step()
+    before lr_scheduler.step()" check: mark the step as tracked and note each call."""
+    step = optimizer.step
+    if getattr(step, "_wrapped_by_lr_sched", False):
+        return
+
+    @functools.wraps(step)
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = tracked

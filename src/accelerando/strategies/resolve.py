@@ -54,6 +54,7 @@ def resolve_strategy(
     """Build the strategy and the mesh it lays the ranks out on (validated here, built lazily); the
     facade drives `strategy.ctx.precision` (the strategy may replace the one it was given)."""
     cls, options, shape = plan_strategy(config, topology)
+    precision.check_strategy(cls.name)
     mesh = ParallelMesh(shape, rank=topology.rank, device_type=device.type)
     precision = cls.adapt_precision(precision)
     handler = config.parallelism.tp_handler if config.parallelism is not None else None

@@ -34,6 +34,14 @@ CPU = Detected(device_type="cpu", device_count=0, cpu_cores=8)
 GPU4 = Detected(device_type="cuda", device_count=4, cpu_cores=32)
 TWO_MACHINES = {"num_machines": 2, "main_process_ip": "10.0.0.1", "num_processes": 4}
 FP8 = {"mixed_precision": "fp8"}
+AO = {**FP8, "fp8_backend": "ao"}
+TE = {**FP8, "fp8_backend": "te"}
+MSAMP = {**FP8, "fp8_backend": "msamp"}
+# A machine where every fp8 backend can run (the launch-time probe's facts).
+H100 = Detected(
+    device_type="cuda", device_count=1, cpu_cores=8, fp8_packages=frozenset({"ao", "te", "msamp"}),
+    compute_capability=(9, 0),
+)  # fmt: skip
 Reader = Callable[[Resolved, dict[str, str]], Any]
 
 
@@ -134,8 +142,6 @@ class NoEffect:
 NO_DS_RUNNER = "DeepSpeed's own multi-node runner (hostfile, include/exclude filters) is not used"
 DS = {"use_deepspeed": True}
 NO_PC = "is not available yet in accelerando"
-NO_TE = "Transformer Engine fp8 is not available yet in accelerando (issue 22)"
-NO_MSAMP = "MS-AMP fp8 is not available yet in accelerando (issue 22)"
 
 ROWS: dict[str, list[Reaches | Refused | NoEffect]] = {
     "debug": [Reaches(True, settings("debug_mode"), True)],
@@ -255,31 +261,46 @@ ROWS: dict[str, list[Reaches | Refused | NoEffect]] = {
     "fsdp_activation_checkpointing": [Reaches(True, fsdp_plugin("activation_checkpointing"), True)],
     "fsdp_ignored_modules": [Reaches("head", fsdp_plugin("ignored_modules"), "head")],
     "fp8_backend": [
-        Reaches("ao", accelerator_config("mixed_precision"), "fp8", also=FP8, needs="torchao"),
-        Refused("te", NO_TE, also=FP8),
-        Refused("msamp", NO_MSAMP, also=FP8),
+        Reaches("ao", accelerator_config("handlers.fp8.backend"), "ao", also=FP8),
+        Reaches("te", accelerator_config("fp8.requested"), "te", also=FP8, detected=H100),
+        Reaches("msamp", accelerator_config("fp8.requested"), "msamp", also=FP8, detected=H100),
+        Refused("te", "fp8 backend 'te' (Transformer Engine) cannot run here: it needs", also=FP8),
+        Refused("msamp", "fp8 backend 'msamp' (MS-AMP) cannot run here: it needs", also=FP8),
     ],
-    "fp8_use_autocast_during_eval": [Refused(True, NO_TE)],
-    "fp8_margin": [Refused(0, NO_TE)],
-    "fp8_interval": [Refused(1, NO_TE)],
-    "fp8_format": [Refused("HYBRID", NO_TE)],
-    "fp8_amax_history_len": [Refused(16, NO_TE)],
-    "fp8_amax_compute_algo": [Refused("max", NO_TE)],
-    "fp8_override_linear_precision": [Refused("(False, False, False)", NO_TE)],
-    "fp8_opt_level": [Refused("O1", NO_MSAMP)],
-    "fp8_enable_fsdp_float8_all_gather": [
+    "fp8_use_autocast_during_eval": [
         Reaches(
-            True,
-            accelerator_config("handlers.fp8.config.enable_fsdp_float8_all_gather"),
-            True,
-            also=FP8,
-            needs="torchao",
-        )  # fmt: skip
-    ],
-    "fp8_pad_inner_dim": [
-        Reaches(
-            True, accelerator_config("handlers.fp8.config.pad_inner_dim"), True, also=FP8, needs="torchao"
+            True, accelerator_config("handlers.fp8.use_autocast_during_eval"), True, also=TE, detected=H100
         )
+    ],
+    "fp8_margin": [Reaches(3, accelerator_config("handlers.fp8.margin"), 3, also=TE, detected=H100)],
+    "fp8_interval": [Reaches(2, accelerator_config("handlers.fp8.interval"), 2, also=TE, detected=H100)],
+    "fp8_format": [
+        Reaches("E4M3", accelerator_config("handlers.fp8.fp8_format"), "E4M3", also=TE, detected=H100)
+    ],
+    "fp8_amax_history_len": [
+        Reaches(16, accelerator_config("handlers.fp8.amax_history_len"), 16, also=TE, detected=H100)
+    ],
+    "fp8_amax_compute_algo": [
+        Reaches("max", accelerator_config("handlers.fp8.amax_compute_algo"), "max", also=TE, detected=H100)
+    ],
+    "fp8_override_linear_precision": [
+        Reaches(
+            "(False, True, False)",
+            accelerator_config("handlers.fp8.override_linear_precision"),
+            (False, True, False),
+            also=TE,
+            detected=H100,
+        )
+    ],
+    "fp8_opt_level": [
+        Reaches("O1", accelerator_config("handlers.fp8.opt_level"), "O1", also=MSAMP, detected=H100)
+    ],
+    "fp8_enable_fsdp_float8_all_gather": [
+        Reaches(True, accelerator_config("fp8.recipes.ao.enable_fsdp_float8_all_gather"), True, also=FP8)
+    ],
+    "fp8_pad_inner_dim": [Reaches(True, accelerator_config("fp8.recipes.ao.pad_inner_dim"), True, also=FP8)],
+    "fp8_recipe_name": [
+        Reaches("rowwise", accelerator_config("handlers.fp8.recipe_name"), "rowwise", also=AO)
     ],
 }
 _SAMPLE = {"switch": True, "bool": True, "int": 1, "float": 1.0, "str": "x"}
@@ -374,10 +395,12 @@ def test_deepspeed_settings_are_checked_at_launch_as_each_process_will(tmp_path:
         launch(base)
 
 
-def test_a_process_told_to_use_an_unavailable_fp8_backend_refuses() -> None:
-    with pytest.raises(ValueError, match=r"fp8 backend 'te'.*issue 22"):
+def test_a_process_told_to_use_an_unknown_fp8_backend_refuses() -> None:
+    with pytest.raises(
+        ValueError, match=r"fp8 backend 'fp4' \(ACCELERANDO_FP8_BACKEND\) is unknown; accepted: ao, te"
+    ):
         accelerator_config("cpu")(
-            launch({}), {"ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "TE"}
+            launch({}), {"ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "FP4"}
         )
 
 
@@ -418,8 +441,8 @@ def test_bad_values_are_refused_naming_option_value_and_accepted(cli: dict[str, 
 
 
 def test_fp8_needs_torchao_and_compile_backends_must_exist() -> None:
-    with pytest.raises(ValueError, match="needs torchao, which is not installed here"):
-        launch({"mixed_precision": "fp8"}, dataclasses.replace(CPU, has_torchao=False))
+    with pytest.raises(ValueError, match=r"mixed_precision=fp8: .*torchao needs the 'torchao' package"):
+        launch({"mixed_precision": "fp8"}, dataclasses.replace(CPU, fp8_packages=frozenset()))
     with pytest.raises(
         ValueError, match="dynamo_backend=tvm: this torch has no compile backend of that name"
     ):
@@ -445,7 +468,10 @@ def test_cli_refuses_with_exit_code_2_before_starting_anything(
     for argv, message in [
         (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps=0 must be at least 1"),
         (["--zero_stage", "5", "--use_deepspeed"], "--zero_stage: zero_stage=5 must be between 0 and 3"),
-        (["--fp8_backend", "te", "--mixed_precision", "fp8"], "--fp8_backend=te: Transformer Engine fp8"),
+        (
+            ["--fp8_backend", "te", "--mixed_precision", "fp8"],
+            "--fp8_backend=te: fp8 backend 'te' (Transformer",
+        ),
         (["--fsdp_state_dict_type", "LOCAL_STATE_DICT"], "LOCAL_STATE_DICT is FSDP1's flat-parameter format"),
         (["--enable_cpu_affinity", "--no_python"], "--enable_cpu_affinity pins Python processes"),
         (["--as_accelerate", "--no_python"], "--as_accelerate turns the switch on in accelerando's worker"),

@@ -1,0 +1,19 @@
+"""torchao fp8 on 2 real gloo ranks: tensorwise and rowwise, under DDP and FSDP2 (with fp8
+all-gather), each against bf16 on the same data. One torchrun launch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from accelerando.testing import run_distributed
+
+pytest.importorskip("torchao")
+
+
+def test_torchao_fp8_trains_with_ddp_and_fsdp2_close_to_bf16() -> None:
+    proc = run_distributed(Path(__file__).parent / "scripts" / "fp8_train.py", timeout=240)
+    assert "FP8_TRAIN_OK" in proc.stdout
+    for line in ("DDP   tensorwise", "DDP   rowwise", "FSDP2 tensorwise", "FSDP2 rowwise"):
+        assert line in proc.stdout
