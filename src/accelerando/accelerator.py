@@ -29,11 +29,10 @@ from accelerando.config.resolve import ResolvedConfig, fold_moved_arguments, res
 from accelerando.ops import collectives
 from accelerando.ops.tree import is_tensor_tree, recursively_apply
 from accelerando.optimizer import AcceleratedOptimizer
-from accelerando.precision import build_precision
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState, GradientState, configure_gradient
-from accelerando.strategies import PrepareRequest, resolve_strategy
-from accelerando.strategies.resolve import plan_strategy
+from accelerando.strategies import PrepareRequest
+from accelerando.strategies.resolve import plan_strategy, set_up_strategy
 from accelerando.tracking.session import TrackingSession
 
 
@@ -120,15 +119,7 @@ class Accelerator(ConfigViews, MeshViews):
                 f"this process already has an Accelerator with mixed_precision={rt.mixed_precision!r}; "
                 f"a second one cannot use {cfg.mixed_precision!r} (call accelerando.state.reset_runtime() in tests)"
             )
-        precision = build_precision(
-            cfg.mixed_precision, rt.device.type, cfg.handlers.autocast, cfg.handlers.scaler, cfg.fp8
-        )
-        strategy = resolve_strategy(
-            cfg, topology=rt.topology, device=rt.device, precision=precision, backend=rt.backend
-        )
-        strategy.setup_environment()
-        if cfg.parallelism is not None and rt.topology.is_distributed:  # Accelerate builds it eagerly
-            cfg.parallelism.device_mesh = strategy.ctx.mesh.build()
+        strategy = set_up_strategy(cfg, rt)
         rt.precision, rt.strategy, rt.mixed_precision = strategy.ctx.precision, strategy, cfg.mixed_precision
         configure_gradient(rt.gradient, cfg.gradient)
         rt.gradient.window_size = rt.gradient.num_steps
@@ -178,7 +169,6 @@ class Accelerator(ConfigViews, MeshViews):
     def _custom_objects(self) -> list[Any]:
         return self._objects.custom
 
-    # ---- process properties ----------------------------------------------------------------
     # ---- process placement and control: the state view answers ------------------------------
     device = _from_state("device")
     distributed_type = _from_state("distributed_type")

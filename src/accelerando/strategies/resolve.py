@@ -67,3 +67,21 @@ def resolve_strategy(
         tp_plan=getattr(handler, "tp_plan", None),
     )
     return cls(ctx, **options)
+
+
+def set_up_strategy(config: ResolvedConfig, runtime: Any) -> Strategy:
+    """The precision and strategy this process trains with, its environment set up; a
+    ParallelismConfig gets its device mesh now, as Accelerate builds it eagerly."""
+    from accelerando.precision import build_precision
+
+    handlers = config.handlers
+    precision = build_precision(
+        config.mixed_precision, runtime.device.type, handlers.autocast, handlers.scaler, config.fp8
+    )
+    strategy = resolve_strategy(
+        config, topology=runtime.topology, device=runtime.device, precision=precision, backend=runtime.backend
+    )
+    strategy.setup_environment()
+    if config.parallelism is not None and runtime.topology.is_distributed:
+        config.parallelism.device_mesh = strategy.ctx.mesh.build()
+    return strategy
