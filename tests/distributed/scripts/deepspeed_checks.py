@@ -5,7 +5,7 @@
 2. DummyOptim / DummyScheduler: the config's optimizer and scheduler == torch AdamW + the same warmup.
 3. A ZeRO-2 student distilled from a ZeRO-3 teacher (two plugins) == the same distillation in
    PyTorch; save_state -> more steps -> load_state -> the same steps again is bit-identical for both
-   engines; get_state_dict / unwrap_model / load of whole weights per engine.
+   engines; get_state_dict / GatheredParameters / unwrap_model / load of whole weights per engine.
 4. A tiny Llama built partitioned (zero3_init_flag) under ZeRO-3, trained, save_model -> transformers'
    from_pretrained gives the engine's logits.
 5. A contradiction found at prepare (config batch size vs the loader) stops before any engine.
@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando import Accelerator
 from accelerando.state import PartialState
-from accelerando.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from accelerando.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler, GatheredParameters
 
 DIM, ROWS, STEPS, ACCUM, CLIP, LR = 8, 4, 6, 2, 0.05, 1e-2
 
@@ -216,6 +216,9 @@ def check_distillation_and_round_trip(work: Path) -> None:
     assert all(p.ds_tensor.numel() < p.ds_numel for p in teacher.module.parameters() if p.ds_numel > 1)
     # The teacher's whole weights come back from its ZeRO-3 partitions.
     close(full_params(acc, teacher), list(teacher_init.state_dict().values()), "teacher gather", tol=0)
+    with GatheredParameters(list(teacher.module.parameters())):  # whole tensors inside, partitions after
+        whole = [p.detach().clone() for p in teacher.module.parameters()]
+    close(whole, list(teacher_init.parameters()), "GatheredParameters", tol=0)
 
     batches = [(x.clone(), y.clone()) for x, y in dl]
     losses = [distill_step(acc, student, teacher, opt, x, y) for x, y in batches[:4]]
