@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from accelerando import _runtime
 from accelerando.cluster.base import ProcessTopology
+from accelerando.config import env
 from accelerando.config.deepspeed import DeepSpeedPlugin
 from accelerando.config.options import DistributedType, DynamoBackend
 from accelerando.parallel.mesh import MeshShape
@@ -33,7 +34,11 @@ from accelerando.precision.base import Precision
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy, StrategyContext
 from accelerando.strategies.compose import refuse_multi_device_map
 from accelerando.strategies.deepspeed_config import EngineRequest, engine_config, is_dummy
-from accelerando.utils.deepspeed import DeepSpeedSchedulerWrapper
+from accelerando.utils.deepspeed import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+)
 
 if TYPE_CHECKING:
     from accelerando.checkpoint.state_io import StateIO
@@ -137,6 +142,9 @@ class DeepSpeedStrategy(Strategy):
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         if not dist.is_initialized():
             _one_process_group(device)
+        _forget_destroyed_groups()
+        if env.raw("LOCAL_RANK") is None:  # DeepSpeed's engine asserts it; `python train.py` has none
+            env.export({"LOCAL_RANK": str(self.ctx.topology.local_rank)})
         comm.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
         if comm.get_world_size() != self.ctx.world_size:
             raise RuntimeError(
@@ -147,8 +155,11 @@ class DeepSpeedStrategy(Strategy):
     # ---- prepare ----------------------------------------------------------------------------
     def prepare(self, request: PrepareRequest) -> Prepared:
         """Pair optimizers and schedulers with their models, compute every engine's config (refusing
-        contradictions before anything is built), then build the engines in order."""
+        contradictions before anything is built), then build the engines in order. The engines'
+        optimizers and engine-owned schedulers come back in Accelerate's wrappers."""
         import deepspeed
+
+        from accelerando._prepare import mark_prepared
 
         pairs = _pair(request)
         accumulation = _runtime.require_runtime().gradient.num_steps
@@ -184,9 +195,10 @@ class DeepSpeedStrategy(Strategy):
             self._register(engine, float(config["gradient_clipping"]), trainable=pair.optimizer is not None)
             models.append(engine)
             if pair.optimizer is not None:
-                replaced[id(pair.optimizer)] = optimizer
+                optimizer = replaced[id(pair.optimizer)] = mark_prepared(DeepSpeedOptimizerWrapper(optimizer))
             if is_dummy(pair.scheduler, "scheduler"):
-                replaced[id(pair.scheduler)] = DeepSpeedSchedulerWrapper(engine)
+                wrapped = DeepSpeedSchedulerWrapper(engine.lr_scheduler, [optimizer])
+                replaced[id(pair.scheduler)] = mark_prepared(wrapped)
         return Prepared(
             models,
             [replaced[id(o)] for o in request.optimizers],
@@ -219,11 +231,22 @@ class DeepSpeedStrategy(Strategy):
 
     # ---- training step ----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        """`engine.backward`; the engine steps later, in `clip_grad_norm_` or `optimizer.step()`.
+
+        The facade has divided the loss by the window's length. `scale_wrt_gas=False` (what
+        transformers' Trainer passes) says the caller divided it already: that division is undone,
+        so the loss is divided once, as in Accelerate (exactly for power-of-two windows)."""
         record = self.record(model) if model is not None else self._engine_for(loss)
-        sync = _runtime.require_runtime().gradient.sync_gradients
-        record.engine.set_gradient_accumulation_boundary(sync)
-        record.engine.backward(loss, scale_wrt_gas=False, **kwargs)  # the facade already divided the loss
-        record.needs_step = record.needs_step or sync
+        gradient = _runtime.require_runtime().gradient
+        if not kwargs.pop("scale_wrt_gas", True) and gradient.window_size > 1:
+            loss = loss * gradient.window_size
+        record.engine.set_gradient_accumulation_boundary(gradient.sync_gradients)
+        record.engine.backward(loss, scale_wrt_gas=False, **kwargs)
+        record.needs_step = record.needs_step or gradient.sync_gradients
+
+    def engine_wrapper(self, model: torch.nn.Module) -> DeepSpeedEngineWrapper:
+        """Accelerate's `DeepSpeedEngineWrapper` around the engine of `model` (the engine or its module)."""
+        return DeepSpeedEngineWrapper(self.record(model).engine)
 
     def _engine_for(self, loss: torch.Tensor) -> Engine:
         """The one trainable engine, or the one whose parameters this loss was computed from."""
@@ -421,6 +444,17 @@ def _use_cpu_accelerator() -> None:
         from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
         set_accelerator(CPU_Accelerator())
+
+
+def _forget_destroyed_groups() -> None:
+    """DeepSpeed keeps the groups it cloned from the world group; once that world is destroyed (an
+    earlier Accelerator's runtime reset in this process), its engines would use dead groups."""
+    from deepspeed.utils import groups
+
+    world = getattr(groups, "_WORLD_GROUP", None)
+    release = getattr(groups, "_release_process_group_references", None)
+    if world is not None and release is not None and world not in dist.distributed_c10d._world.pg_map:
+        release(None)
 
 
 def _one_process_group(device: torch.device) -> None:

@@ -28,6 +28,8 @@ from accelerando.utils.constants import (
 )
 from accelerando.utils.dataclasses import *  # noqa: F403 - one list of names, kept there
 from accelerando.utils.deepspeed import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
     DeepSpeedSchedulerWrapper,
     DummyOptim,
     DummyScheduler,

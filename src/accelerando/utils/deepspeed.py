@@ -1,8 +1,12 @@
 """Accelerate's `utils.deepspeed` names: placeholders for an optimizer or scheduler that the DeepSpeed
-config defines, the active plugin, and ZeRO-3's gather context.
+config defines, the wrappers `prepare` returns around an engine's optimizer and scheduler, the active
+plugin, and ZeRO-3's gather context.
 
 `DummyOptim` / `DummyScheduler` only carry what `prepare` needs to let DeepSpeed build the real ones
-from the config's `optimizer` / `scheduler` sections; `prepare` returns the real ones.
+from the config's `optimizer` / `scheduler` sections; `prepare` returns the real ones, wrapped.
+The wrappers keep Accelerate's names and types because libraries test for them (transformers'
+Trainer: `isinstance(lr_scheduler, DeepSpeedSchedulerWrapper)`) and reach through them
+(`wrapper.engine`, `wrapper.optimizer`, `wrapper.scheduler`).
 """
 
 from __future__ import annotations
@@ -13,8 +17,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from accelerando.config.deepspeed import DeepSpeedPlugin, HfDeepSpeedConfig
+from accelerando.optimizer import AcceleratedOptimizer
+from accelerando.scheduler import AcceleratedScheduler
 
 __all__ = [
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
     "DeepSpeedPlugin",
     "DeepSpeedSchedulerWrapper",
     "DummyOptim",
@@ -59,27 +67,52 @@ class DummyScheduler:
         self.kwargs = kwargs
 
 
-class DeepSpeedSchedulerWrapper:
-    """What `prepare` returns for a scheduler the engine owns (Accelerate's name; transformers'
-    Trainer checks for it): `engine.step()` already steps it."""
-
-    _step_count = 0  # what AcceleratedScheduler advances on skipped micro-steps; the engine counts its own
+class DeepSpeedEngineWrapper:
+    """A DeepSpeed engine driven the way Accelerate's loop drives it: `backward` marks whether this
+    micro-batch ends the accumulation window, runs the engine's backward and, at the end of the
+    window, the engine's step (clipping from the config, optimizer, scheduler, zeroing)."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.optimizer = engine.optimizer
+
+    def backward(self, loss: Any, sync_gradients: bool = True, **kwargs: Any) -> None:
+        self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)
+        self.engine.backward(loss, **kwargs)
+        if sync_gradients:
+            self.engine.step()
+
+    def get_global_grad_norm(self) -> float | None:
+        """The pre-clip gradient norm of the engine's last step (None before any)."""
+        norm = self.engine.get_global_grad_norm()
+        return norm.item() if hasattr(norm, "item") else norm
+
+
+class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
+    """What `prepare` returns for an engine's optimizer. The engine clears gradients itself, so
+    `zero_grad` does nothing; `step` steps the engine once per accumulation window, unless
+    `clip_grad_norm_` (or a `DeepSpeedEngineWrapper.backward`) already did."""
+
+    def __init__(self, optimizer: Any) -> None:
+        super().__init__(optimizer, device_placement=False, scaler=None)
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Nothing to do: the engine zeroed the gradients when it stepped."""
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the engine skipped its last step (fp16 overflow)."""
+        return self._step_was_skipped or bool(getattr(self.optimizer, "overflow", False))
+
+
+class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
+    """What `prepare` returns for a scheduler the engine owns (one the config or a `DummyScheduler`
+    defines): `engine.step()` steps it with the optimizer, so `step` here does nothing."""
+
+    def __init__(self, scheduler: Any, optimizers: Any) -> None:
+        super().__init__(scheduler, optimizers)
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to do: the engine stepped its scheduler with the optimizer."""
-
-    def get_last_lr(self) -> list[float]:
-        return list(self.engine.lr_scheduler.get_last_lr())
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.engine.lr_scheduler.state_dict())
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.engine.lr_scheduler.load_state_dict(state_dict)
 
 
 def get_active_deepspeed_plugin(state: Any) -> DeepSpeedPlugin:

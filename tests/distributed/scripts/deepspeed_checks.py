@@ -5,10 +5,13 @@
 2. DummyOptim / DummyScheduler: the config's optimizer and scheduler == torch AdamW + the same warmup.
 3. A ZeRO-2 student distilled from a ZeRO-3 teacher (two plugins) == the same distillation in
    PyTorch; save_state -> more steps -> load_state -> the same steps again is bit-identical for both
-   engines; get_state_dict / unwrap_model / load of whole weights per engine.
+   engines; get_state_dict / GatheredParameters / unwrap_model / load of whole weights per engine.
 4. A tiny Llama built partitioned (zero3_init_flag) under ZeRO-3, trained, save_model -> transformers'
    from_pretrained gives the engine's logits.
 5. A contradiction found at prepare (config batch size vs the loader) stops before any engine.
+Checks 1 and 3 also save_state mid-run and record what the uninterrupted run reached; `--work DIR
+resume`, a second launch (fresh processes), loads those checkpoints into newly built engines (other
+initial weights), trains the rest and must reach exactly the same weights and losses.
 Prints DEEPSPEED_OK at the end.
 """
 
@@ -26,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accelerando import Accelerator
 from accelerando.state import PartialState
-from accelerando.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from accelerando.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler, GatheredParameters
 
 DIM, ROWS, STEPS, ACCUM, CLIP, LR = 8, 4, 6, 2, 0.05, 1e-2
 
@@ -81,7 +84,30 @@ def close(a, b, what, tol=1e-5):
         assert err <= tol, f"{what}: max difference {err}"
 
 
-def check_stages() -> None:
+def expect_path(work: Path, key: str) -> Path:
+    """What the uninterrupted run reached, per rank, for the fresh-process resume to compare with."""
+    return work / "expect" / f"{key}_rank{dist.get_rank()}.pt"
+
+
+def record(work: Path, key: str, value: object) -> None:
+    expect_path(work, key).parent.mkdir(exist_ok=True)
+    torch.save(value, expect_path(work, key))
+
+
+def stage_step(acc, model, opt, x, y) -> tuple[float, float | None]:
+    with acc.accumulate(model):
+        loss = mse(model(x), y)
+        acc.backward(loss)
+        norm = acc.clip_grad_norm_(model.parameters(), CLIP).item() if acc.sync_gradients else None
+        opt.step()
+        opt.zero_grad()
+    return loss.item(), norm
+
+
+SAVE_AT = 2  # batches (one accumulation window) before the stage checks save_state
+
+
+def check_stages(work: Path) -> None:
     for stage in (0, 1, 2, 3):
         plugin = DeepSpeedPlugin(zero_stage=stage, zero3_init_flag=False)  # the Llama check covers the flag
         acc = Accelerator(deepspeed_plugin=plugin, gradient_accumulation_steps=ACCUM)
@@ -95,20 +121,20 @@ def check_stages() -> None:
         assert engine_config["gradient_clipping"] == 0.0  # "auto": clip_grad_norm_ decides
         assert model.dp_world_size == 2 and acc.num_processes == 2  # the runtime's group, 2 ranks
         batches, losses, norms = [], [], []
-        for x, y in dl:
+        for i, (x, y) in enumerate(dl):
+            if i == SAVE_AT and stage > 0:  # the fresh-process resume starts here
+                acc.save_state(str(work / f"zero{stage}"))
             batches.append((x.clone(), y.clone()))
-            with acc.accumulate(model):
-                loss = mse(model(x), y)
-                losses.append(loss.item())
-                acc.backward(loss)
-                if acc.sync_gradients:
-                    norms.append(acc.clip_grad_norm_(model.parameters(), CLIP).item())
-                opt.step()
-                opt.zero_grad()
+            loss, norm = stage_step(acc, model, opt, x, y)
+            losses.append(loss)
+            norms += [norm] if norm is not None else []
         ref, ref_losses, ref_norms = ddp_reference(batches)
         close(torch.tensor(losses), torch.tensor(ref_losses), f"ZeRO-{stage} losses")
         close(torch.tensor(norms), torch.tensor(ref_norms), f"ZeRO-{stage} pre-clip norms")
-        close(full_params(acc, model), list(ref.state_dict().values()), f"ZeRO-{stage} params")
+        final = full_params(acc, model)
+        close(final, list(ref.state_dict().values()), f"ZeRO-{stage} params")
+        if stage > 0:
+            record(work, f"zero{stage}", {"losses": losses[SAVE_AT:], "params": final})
         assert acc.unwrap_model(model) is model.module
         acc.free_memory()
     PartialState().print("stages OK")
@@ -190,6 +216,9 @@ def check_distillation_and_round_trip(work: Path) -> None:
     assert all(p.ds_tensor.numel() < p.ds_numel for p in teacher.module.parameters() if p.ds_numel > 1)
     # The teacher's whole weights come back from its ZeRO-3 partitions.
     close(full_params(acc, teacher), list(teacher_init.state_dict().values()), "teacher gather", tol=0)
+    with GatheredParameters(list(teacher.module.parameters())):  # whole tensors inside, partitions after
+        whole = [p.detach().clone() for p in teacher.module.parameters()]
+    close(whole, list(teacher_init.parameters()), "GatheredParameters", tol=0)
 
     batches = [(x.clone(), y.clone()) for x, y in dl]
     losses = [distill_step(acc, student, teacher, opt, x, y) for x, y in batches[:4]]
@@ -226,6 +255,7 @@ def check_distillation_and_round_trip(work: Path) -> None:
             p.ds_tensor.add_(1.0)
     acc.load_state(folder)
     close(full_params(acc, teacher), list(teacher_init.state_dict().values()), "teacher after load", tol=0)
+    record(work, "distill", {"batches": batches[4:8], "losses": after, "params": params_after})
     again = [distill_step(acc, student, teacher, opt, x, y) for x, y in batches[4:8]]
     assert again == after, (again, after)
     close(full_params(acc, student), params_after, "student after resume", tol=0)
@@ -237,6 +267,42 @@ def check_distillation_and_round_trip(work: Path) -> None:
     assert acc.unwrap_model(teacher) is teacher.module
     acc.free_memory()
     PartialState().print("distillation OK")
+
+
+def check_resume_in_fresh_processes(work: Path) -> None:
+    """Run by a second launch: every checkpoint of the first, loaded into newly built engines whose
+    initial weights differ, continues exactly as the uninterrupted run did (weights bit-identical)."""
+    for stage in (1, 2, 3):
+        want = torch.load(expect_path(work, f"zero{stage}"))
+        plugin = DeepSpeedPlugin(zero_stage=stage, zero3_init_flag=False)
+        acc = Accelerator(deepspeed_plugin=plugin, gradient_accumulation_steps=ACCUM)
+        model = net(seed=9)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
+        model, opt, dl = acc.prepare(model, opt, loader())
+        acc.load_state(str(work / f"zero{stage}"))
+        losses = [stage_step(acc, model, opt, x, y)[0] for x, y in acc.skip_first_batches(dl, SAVE_AT)]
+        assert losses == want["losses"], (stage, losses, want["losses"])
+        close(full_params(acc, model), want["params"], f"ZeRO-{stage} resumed in a new process", tol=0)
+        acc.free_memory()
+
+    want = torch.load(expect_path(work, "distill"))
+    plugins = {
+        "student": DeepSpeedPlugin(zero_stage=2),
+        "teacher": DeepSpeedPlugin(zero_stage=3, zero3_init_flag=False),
+    }
+    acc = Accelerator(deepspeed_plugins=plugins, gradient_accumulation_steps=ACCUM)
+    student = net(seed=9)
+    opt = torch.optim.AdamW(student.parameters(), lr=LR)
+    student, opt, _ = acc.prepare(student, opt, loader())
+    acc.state.select_deepspeed_plugin("teacher")
+    teacher = acc.prepare(net(seed=5, width=32).requires_grad_(False))  # its weights come from the checkpoint
+    acc.state.select_deepspeed_plugin("student")
+    acc.load_state(str(work / "ckpt"))
+    losses = [distill_step(acc, student, teacher, opt, x, y) for x, y in want["batches"]]
+    assert losses == want["losses"], (losses, want["losses"])
+    close(full_params(acc, student), want["params"], "distillation resumed in a new process", tol=0)
+    acc.free_memory()
+    PartialState().print("fresh resume OK")
 
 
 def check_llama_zero3(work: Path) -> None:
@@ -305,13 +371,16 @@ def check_refused_at_prepare() -> None:
 
 def main() -> None:
     PartialState()
+    args = sys.argv[1:]
+    given = args[args.index("--work") + 1] if "--work" in args else None
+    checks = [a for a in args if a != "--work" and a != given]
     with tempfile.TemporaryDirectory() as tmp:
-        shared = [tmp]
+        shared = [given or tmp]
         dist.broadcast_object_list(shared, src=0)
         work = Path(shared[0])
-        checks = sys.argv[1:] or ["stages", "dummies", "distill", "llama", "refused"]
+        checks = checks or ["stages", "dummies", "distill", "llama", "refused"]
         if "stages" in checks:
-            check_stages()
+            check_stages(work)
         if "dummies" in checks:
             check_dummies()
         if "distill" in checks:
@@ -320,6 +389,8 @@ def main() -> None:
             check_llama_zero3(work)
         if "refused" in checks:
             check_refused_at_prepare()
+        if "resume" in checks:
+            check_resume_in_fresh_processes(work)
         dist.barrier()
     PartialState().print("DEEPSPEED_OK")
 

@@ -1,0 +1,174 @@
+"""Accelerate's DeepSpeed wrapper names, types and behaviour, on a real one-process DeepSpeed engine
+(CPU, a private one-rank gloo group) against plain PyTorch on the same data."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+
+from accelerando import Accelerator  # noqa: E402
+from accelerando.optimizer import AcceleratedOptimizer  # noqa: E402
+from accelerando.scheduler import AcceleratedScheduler  # noqa: E402
+from accelerando.utils import (  # noqa: E402
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedPlugin,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+)
+
+LR = 0.1
+WRAPPERS = ("DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper")
+
+
+def net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def data(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(2, 4, generator=g), torch.randn(2, 1, generator=g)) for _ in range(n)]
+
+
+def loss_of(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+def sgd_reference(batches: list[Any], accum: int = 1) -> list[torch.Tensor]:
+    """Plain PyTorch: mean loss over each window of `accum` batches, one SGD step per window."""
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for i, batch in enumerate(batches):
+        (loss_of(model, batch) / accum).backward()
+        if (i + 1) % accum == 0:
+            opt.step()
+            opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def prepared(accum: int = 1, **plugin: Any) -> tuple[Accelerator, Any, Any]:
+    acc = Accelerator(
+        cpu=True,
+        deepspeed_plugin=DeepSpeedPlugin(zero_stage=2, **plugin),
+        gradient_accumulation_steps=accum,
+    )
+    model = net()
+    loader = torch.utils.data.DataLoader(torch.zeros(8, 1), batch_size=2)
+    model, opt, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), loader)
+    return acc, model, opt
+
+
+def same(model: Any, want: list[torch.Tensor]) -> None:
+    for got, ref in zip(model.module.parameters(), want):
+        torch.testing.assert_close(got.detach(), ref, rtol=0, atol=1e-6)
+
+
+def test_names_signatures_and_types_are_accelerates() -> None:
+    import accelerate.utils
+    import accelerate.utils.deepspeed
+
+    import accelerando.utils.deepspeed
+
+    for name in WRAPPERS:
+        mine = getattr(accelerando.utils, name)
+        assert mine is getattr(accelerando.utils.deepspeed, name)
+        theirs = getattr(accelerate.utils.deepspeed, name)
+        assert getattr(accelerate.utils, name) is theirs
+        assert list(inspect.signature(mine).parameters) == list(inspect.signature(theirs).parameters), name
+    assert issubclass(DeepSpeedOptimizerWrapper, AcceleratedOptimizer)
+    assert issubclass(DeepSpeedSchedulerWrapper, AcceleratedScheduler)
+    public = {"backward", "get_global_grad_norm"}
+    assert public <= {n for n in dir(accelerate.utils.DeepSpeedEngineWrapper) if not n.startswith("_")}
+    assert public <= {n for n in dir(DeepSpeedEngineWrapper) if not n.startswith("_")}
+
+
+def test_prepare_returns_the_wrappers_and_the_loop_equals_pytorch() -> None:
+    """What prepare returns: the engine, its optimizer in a DeepSpeedOptimizerWrapper, a
+    config-defined scheduler in a DeepSpeedSchedulerWrapper; the loop of Accelerate's docs trains
+    as plain SGD does; zero_grad and the scheduler's step leave the engine's work alone."""
+    config = {
+        "zero_optimization": {"stage": 2},
+        "zero_allow_untested_optimizer": True,  # torch's SGD, built by DeepSpeed from this section
+        "optimizer": {"type": "SGD", "params": {"lr": "auto"}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": LR, "warmup_max_lr": LR,
+                                                     "warmup_num_steps": 1, "warmup_type": "linear"}},
+    }  # fmt: skip
+    acc = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
+    model = net()
+    opt = DummyOptim(model.parameters(), lr=LR)
+    loader = torch.utils.data.DataLoader(torch.zeros(8, 1), batch_size=2)
+    model, opt, sched, _ = acc.prepare(model, opt, DummyScheduler(opt), loader)
+    assert isinstance(opt, DeepSpeedOptimizerWrapper) and opt.optimizer is model.optimizer
+    assert isinstance(sched, DeepSpeedSchedulerWrapper) and sched.scheduler is model.lr_scheduler
+    assert sched.optimizers == [opt] and sched.get_last_lr() == [LR]
+    batches = data(3)
+    for batch in batches:
+        acc.backward(loss_of(model, batch))
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        assert not opt.step_was_skipped
+    assert model.global_steps == 3 and sched.scheduler.last_batch_iteration == 2  # the engine's steps only
+    same(model, sgd_reference(batches))
+
+
+def test_a_torch_optimizer_comes_back_wrapped_and_a_torch_scheduler_steps_as_usual() -> None:
+    acc = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    loader = torch.utils.data.DataLoader(torch.zeros(8, 1), batch_size=2)
+    model, opt, sched, _ = acc.prepare(model, opt, sched, loader)
+    assert isinstance(opt, DeepSpeedOptimizerWrapper)
+    assert isinstance(opt.optimizer.optimizer, torch.optim.SGD)  # ZeRO's optimizer around the user's
+    assert type(sched) is AcceleratedScheduler and sched.optimizers == [opt]
+    acc.backward(loss_of(model, data(1)[0]))
+    opt.step()
+    sched.step()
+    assert sched.get_last_lr() == [LR / 2] and opt.param_groups[0]["lr"] == LR / 2
+
+
+def test_the_engine_wrapper_steps_at_the_boundary_as_accelerates_does() -> None:
+    """DeepSpeedEngineWrapper.backward: no step mid-window, the engine's step at its end; a later
+    optimizer.step() of the same window does not step again."""
+    acc, model, opt = prepared(accum=2)
+    wrapper = acc.strategy.engine_wrapper(model)
+    assert isinstance(wrapper, DeepSpeedEngineWrapper) and wrapper.engine is model
+    assert acc.strategy.engine_wrapper(model.module).engine is model
+    batches = data(2)
+    before = [p.detach().clone() for p in model.module.parameters()]
+    wrapper.backward(loss_of(model, batches[0]) / 2, sync_gradients=False, scale_wrt_gas=False)
+    same(model, before)
+    wrapper.backward(loss_of(model, batches[1]) / 2, sync_gradients=True, scale_wrt_gas=False)
+    assert model.global_steps == 1 and wrapper.get_global_grad_norm() > 0
+    opt.step()
+    assert model.global_steps == 1
+    same(model, sgd_reference(batches, accum=2))
+
+
+@pytest.mark.parametrize("scale_wrt_gas", [None, True, False])
+def test_backward_passes_scale_wrt_gas_through_as_accelerate_does(scale_wrt_gas: bool | None) -> None:
+    """transformers' Trainer divides the loss itself and passes scale_wrt_gas=False; the default
+    (or True) lets the loop divide it. Either way the loss is divided once per window."""
+    acc, model, opt = prepared(accum=2)
+    batches = data(4)
+    for batch in batches:
+        with acc.accumulate(model):
+            loss = loss_of(model, batch)
+            if scale_wrt_gas is None:
+                acc.backward(loss)
+            elif scale_wrt_gas:
+                acc.backward(loss, scale_wrt_gas=True)
+            else:
+                acc.backward(loss / 2, scale_wrt_gas=False)
+            opt.step()
+            opt.zero_grad()
+    assert model.global_steps == 2
+    same(model, sgd_reference(batches, accum=2))
