@@ -385,6 +385,38 @@ class ParallelismConfig:
             warnings.warn("ParallelismConfig has the following warnings:\n" + "\n".join(unused), stacklevel=2)
 
 
+@dataclass
+class TorchTensorParallelPlugin:
+    """Accelerate's deprecated form of `ParallelismConfig(tp_size=...)`, kept so that code passing
+    `Accelerator(torch_tp_plugin=...)` still runs; `torch_device_mesh` is ignored, as in Accelerate."""
+
+    tp_size: int = 1
+    torch_device_mesh: Any = None
+
+
+def parallelism_from_tp_plugin(plugin: Any, given: ParallelismConfig | None) -> ParallelismConfig | None:
+    """`Accelerator(torch_tp_plugin=...)`: a FutureWarning, then `ParallelismConfig(tp_size=plugin.tp_size)`
+    unless a ParallelismConfig was passed too (then its tp_size must agree)."""
+    if plugin is None:
+        return given
+    if not isinstance(plugin, TorchTensorParallelPlugin):
+        raise TypeError(f"torch_tp_plugin must be a TorchTensorParallelPlugin, got {type(plugin).__name__}")
+    warnings.warn(
+        "TorchTensorParallelPlugin is deprecated (Accelerate 1.x); pass "
+        f"parallelism_config=ParallelismConfig(tp_size={plugin.tp_size}) instead",
+        FutureWarning,
+        stacklevel=4,
+    )
+    if given is None:
+        return ParallelismConfig(tp_size=plugin.tp_size)
+    if isinstance(given, ParallelismConfig) and given.tp_size != plugin.tp_size:
+        raise ValueError(
+            f"torch_tp_plugin.tp_size={plugin.tp_size} contradicts parallelism_config.tp_size={given.tp_size}; "
+            "pass the size in parallelism_config only"
+        )
+    return given
+
+
 def _default_size(value: int | None, name: str) -> int:
     return _int_setting(name, 1) if value is None else value
 
@@ -394,4 +426,5 @@ __all__ = [
     "ParallelismConfig",
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
 ]

@@ -154,3 +154,27 @@ def test_mesh_ranks_need_a_parallelism_config() -> None:
     acc = Accelerator(cpu=True)
     with pytest.raises(RuntimeError, match="tp parallelism is not configured"):
         _ = acc.tensor_parallel_rank
+
+
+def test_the_deprecated_tp_plugin_becomes_a_parallelism_config() -> None:
+    """Accelerate 1.x maps `torch_tp_plugin` onto `ParallelismConfig(tp_size=...)`, with a FutureWarning."""
+    from accelerando.utils import TorchTensorParallelPlugin
+
+    with pytest.warns(FutureWarning, match=r"ParallelismConfig\(tp_size=2\)"):
+        with pytest.raises(ValueError, match=r"tp_size=2 = 2, but the job has 1 process;"):
+            Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=2))
+    assert not dist.is_initialized()
+    with pytest.warns(FutureWarning, match="TorchTensorParallelPlugin is deprecated"):
+        acc = Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin())
+    assert acc.parallelism_config == ParallelismConfig(tp_size=1)
+    given = ParallelismConfig()
+    with pytest.warns(FutureWarning):
+        assert Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(), parallelism_config=given)
+    with (
+        pytest.warns(FutureWarning),
+        pytest.raises(ValueError, match="tp_size=2 contradicts parallelism_config.tp_size=1"),
+    ):
+        Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=2), parallelism_config=given)
+    with pytest.raises(TypeError, match="torch_tp_plugin must be a TorchTensorParallelPlugin, got dict"):
+        Accelerator(cpu=True, torch_tp_plugin={"tp_size": 2})
+    Accelerator(cpu=True, torch_tp_plugin=None)  # what transformers' Trainer passes every time
