@@ -5,7 +5,8 @@ three AdamW steps at 1e-4, since Adam's division by sqrt(v) magnifies last-bit d
 near-zero gradients); the
 data follows the mesh (both TP ranks read the same batch, gather_for_metrics once per sample); HSDP
 on a (1, 2) mesh and dp_replicate_size=2 (DDP) against a plain DDP reference; the TP checkpoint
-(DCP shards) is written to argv[1] for a single-process load."""
+(DCP shards) is written to argv[1] for a single-process load; context parallelism (cp_size=2 with FSDP2)
+of a self-attention block against the unsharded block."""
 
 from __future__ import annotations
 
@@ -213,19 +214,58 @@ def check_hsdp_and_ddp() -> None:
     print("HSDP_DDP_OK")
 
 
-def check_context_parallel_is_refused_on_cpu() -> None:
-    """cp_size=2 with FSDP builds its mesh (cp ranks share a data-parallel rank); the step is refused."""
+class Attention(torch.nn.Module):
+    """One self-attention block through F.scaled_dot_product_attention (what maybe_context_parallel shards)."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = (t.reshape(b, s, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        return self.out(y.transpose(1, 2).reshape(b, s, d))
+
+
+def check_context_parallel() -> None:
+    """cp_size=2 with FSDP2 over dp_shard_cp: each rank attends with its half of the sequence (torch's
+    context_parallel; on CPU keys and values gathered by DTensor); the loss averaged over the cp ranks
+    and every gradient equal the unsharded model's on the whole sequence; a causal attention is refused."""
     acc = Accelerator(
         parallelism_config=ParallelismConfig(cp_size=2), fsdp_plugin=FullyShardedDataParallelPlugin()
     )
     assert acc.torch_device_mesh["cp"].size() == 2 and acc.data_parallel_size == 1
-    ids = torch.zeros(2, 8, dtype=torch.long)
+    assert acc.context_parallel_rank == dist.get_rank()
+    torch.manual_seed(0)
+    model = Attention()
+    reference = copy.deepcopy(model)
+    model = acc.prepare(model)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(2, 16, 16, generator=g), torch.randn(2, 16, 16, generator=g)
+    ref_loss = torch.nn.functional.mse_loss(reference(x), y)
+    ref_loss.backward()
+    xs, ys = x.clone(), y.clone()
+    with acc.maybe_context_parallel(buffers=[xs, ys], buffer_seq_dims=[1, 1], no_restore_buffers={xs, ys}):
+        assert xs.shape == (2, 8, 16), xs.shape  # this rank's half of the sequence
+        loss = torch.nn.functional.mse_loss(model(xs), ys)
+        acc.backward(loss)
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    torch.testing.assert_close(mean / 2, ref_loss.detach(), rtol=TOL, atol=TOL)
+    grads = {n: full(p.grad) for n, p in model.named_parameters()}
+    assert_close(grads, {n: p.grad for n, p in reference.named_parameters()}, "cp grads", TOL)
+    xs = x.clone()
     try:
-        with acc.maybe_context_parallel(buffers=[ids], buffer_seq_dims=[1], no_restore_buffers={ids}):
-            raise AssertionError("context parallelism ran on CPU")
+        with acc.maybe_context_parallel(buffers=[xs], buffer_seq_dims=[1]):
+            model(xs, is_causal=True)
+        raise AssertionError("a causal attention ran under context parallelism on CPU")
     except RuntimeError as err:
-        assert "cannot run on cpu" in str(err), err
-    print("CP_REFUSED_OK")
+        assert "without a mask only" in str(err), err
+    assert torch.equal(xs, x)  # restored when the block ends
+    print("CP_OK")
 
 
 def main() -> None:
@@ -233,7 +273,7 @@ def main() -> None:
     check_mlp_and_data()
     check_llama()
     check_hsdp_and_ddp()
-    check_context_parallel_is_refused_on_cpu()
+    check_context_parallel()
     print("TP_MESH_OK")
 
 

@@ -1,4 +1,5 @@
-"""maybe_context_parallel: the checks on its buffers and the refusal off CUDA (pure, no process group)."""
+"""maybe_context_parallel: the checks on its buffers and the refusal off CUDA and CPU (pure, no process
+group); the block itself runs on 2 gloo ranks in tests/distributed/scripts/tp_mesh.py."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ def test_buffers_are_checked_naming_the_sizes() -> None:
         context_parallel_context(_cp2(), CPU, "allgather", [ids], [1], {torch.zeros(1)})
 
 
-def test_cpu_is_refused_with_the_reason() -> None:
+def test_other_devices_are_refused_with_the_reason() -> None:
     ids = torch.zeros(2, 8, dtype=torch.long)
-    with pytest.raises(RuntimeError, match=r"context parallelism \(cp_size=2\) cannot run on cpu.*cuda"):
-        context_parallel_context(_cp2(), CPU, "allgather", [ids], [1], {ids})
+    with pytest.raises(
+        RuntimeError, match=r"context parallelism \(cp_size=2\) cannot run on mps.*cuda, cpu only"
+    ):
+        context_parallel_context(_cp2(), torch.device("mps"), "allgather", [ids], [1], {ids})
 
 
 def test_without_cp_it_is_a_no_op_that_says_so() -> None:
