@@ -3,7 +3,8 @@
 Accelerate's dataclasses with their fields, environment defaults (`PARALLELISM_CONFIG_*`, written by
 `accelerando launch --parallelism_config_*`) and validation. `mesh_shape(world_size)` turns the sizes
 into the job's `MeshShape` (parallel/mesh.py, the one authority on topology), which the strategies
-and `build_device_mesh` use. Sequence parallelism (DeepSpeed Ulysses) is validated only.
+and `build_device_mesh` use. Sequence parallelism (DeepSpeed Ulysses) is validated, then refused by
+`mesh_shape` when `sp_size > 1`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ CP_COMM_STRATEGIES = ("allgather", "alltoall")
 SP_ATTN_BUILTIN = ("flash_attention_2", "flash_attention_3", "sdpa")
 SP_ATTN_REFUSED = ("eager", "flex_attention")
 _NO_SP = (
-    "sequence parallelism (DeepSpeed Ulysses, sp_size > 1) is not available yet in accelerando; "
-    "use sp_size=1 (tensor parallelism: tp_size, context parallelism: cp_size)"
+    "sequence parallelism (sp_size > 1) is Accelerate's DeepSpeed ALST/Ulysses path (sp_backend='deepspeed': "
+    "DeepSpeed's UlyssesSPAttentionHF and UlyssesSPDataLoaderAdapter), which accelerando does not run yet; "
+    "accepted: sp_size=1. To split long sequences use context parallelism (cp_size > 1, with FSDP)"
 )
 
 

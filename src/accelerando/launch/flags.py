@@ -75,8 +75,8 @@ NO_DEEPSPEED_RUNNER = (
     "--main_process_ip); DeepSpeed's own multi-node runner (hostfile, include/exclude filters) is not used"
 )
 NO_SEQUENCE_PARALLEL = (
-    "sequence parallelism (DeepSpeed Ulysses) is not available yet in accelerando; dp_replicate_size, "
-    "dp_shard_size and tp_size are"
+    "sequence parallelism (Accelerate's DeepSpeed ALST/Ulysses) is not available yet in accelerando; "
+    "dp_replicate_size, dp_shard_size, tp_size and cp_size are"
 )
 
 _CORE: list[Option] = [

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from accelerando import Accelerator
@@ -116,9 +117,19 @@ def test_deepspeed_refuses_tensor_and_context_parallelism() -> None:
     assert plan_strategy(cfg, _topology(2))[2] == MeshShape(dp_shard=2)  # ZeRO partitions over all
 
 
-def test_sequence_parallelism_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"sp_size=2\): sequence parallelism .* not available"):
+def test_sequence_parallelism_is_refused_naming_what_is_accepted() -> None:
+    with pytest.raises(
+        ValueError, match=r"sp_size=2\): sequence parallelism .*DeepSpeed ALST/Ulysses.* accepted: sp_size=1"
+    ):
         plan_strategy(_config(ParallelismConfig(sp_size=2)), _topology(2))
+    with pytest.raises(
+        ValueError, match=r"sp_size=2\): .*use context parallelism \(cp_size > 1, with FSDP\)"
+    ):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(sp_size=2))  # before any process group
+    assert not dist.is_initialized()
+    acc = Accelerator(cpu=True)
+    loader = torch.utils.data.DataLoader(list(range(4)))
+    assert acc.deepspeed_ulysses_dl_adapter(loader, torch.nn.Linear(1, 1)) is loader  # Accelerate's hook
 
 
 def test_the_launchers_variables_build_the_config() -> None:
