@@ -5,7 +5,7 @@ three AdamW steps at 1e-4, since Adam's division by sqrt(v) magnifies last-bit d
 near-zero gradients); the
 data follows the mesh (both TP ranks read the same batch, gather_for_metrics once per sample); HSDP
 on a (1, 2) mesh and dp_replicate_size=2 (DDP) against a plain DDP reference; the TP checkpoint
-(DCP shards) is written to argv[1] for a single-process load; context parallelism (cp_size=2 with FSDP2)
+(DCP shards) is written to argv[1] for a single-process load and resumed on FSDP2 over dp_shard=2; context parallelism (cp_size=2 with FSDP2)
 of a self-attention block against the unsharded block."""
 
 from __future__ import annotations
@@ -126,6 +126,29 @@ def check_checkpoint(acc, model, reference) -> None:
     )
 
 
+def check_reshard_into_fsdp() -> None:
+    """The TP checkpoint (fc1/fc2 sharded over tp) resumes on another mesh: FSDP2 over dp_shard=2,
+    through accelerator.load_state; the weights are the TP run's, bit-exact, the optimizer its 3 steps."""
+    out = Path(sys.argv[1])
+    acc = Accelerator(
+        parallelism_config=ParallelismConfig(dp_shard_size=2), fsdp_plugin=FullyShardedDataParallelPlugin()
+    )
+    torch.manual_seed(5)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loader = torch.utils.data.DataLoader(torch.zeros(12, 2), batch_size=4)
+    model, opt, _ = acc.prepare(
+        model, opt, loader
+    )  # what the TP run prepared: a model, an optimizer, a loader
+    assert next(model.parameters()).device_mesh.mesh_dim_names == ("dp_shard",)
+    acc.load_state(out / "ckpt")
+    params = {n: full(p) for n, p in model.named_parameters()}
+    expected = torch.load(out / "expected.pt") if dist.get_rank() == 0 else params
+    assert_close(params, expected, "TP checkpoint loaded into FSDP", 0.0)
+    assert all(int(state["step"]) == 3 for state in opt.optimizer.state.values()), "optimizer state"
+    print("TP_TO_FSDP_OK")
+
+
 def check_llama() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -243,6 +266,8 @@ def check_context_parallel() -> None:
     model = Attention()
     reference = copy.deepcopy(model)
     model = acc.prepare(model)
+    assert acc.torch_device_mesh["dp_shard_cp"].size() == 2
+    assert next(model.parameters()).device_mesh.mesh_dim_names == ("dp_shard_cp",)  # FSDP shards over cp too
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(2, 16, 16, generator=g), torch.randn(2, 16, 16, generator=g)
     ref_loss = torch.nn.functional.mse_loss(reference(x), y)
@@ -271,6 +296,7 @@ def check_context_parallel() -> None:
 def main() -> None:
     PartialState()
     check_mlp_and_data()
+    check_reshard_into_fsdp()
     check_llama()
     check_hsdp_and_ddp()
     check_context_parallel()
