@@ -45,3 +45,27 @@ def test_without_cp_it_is_a_no_op_that_says_so() -> None:
     with pytest.warns(UserWarning, match="Context parallel training is not enabled"):
         with acc.maybe_context_parallel(buffers=[torch.zeros(2, 3)], buffer_seq_dims=[1]):
             pass
+
+
+def test_on_cpu_attention_inside_the_block_is_unmasked_and_math_only() -> None:
+    """The wrapper around torch's patched attention (here: the plain one): unmasked calls pass through
+    on the math backend, causal or masked calls are refused naming why; the function is restored."""
+    import contextlib
+
+    import torch.nn.functional as F
+
+    from accelerando.parallel.context_parallel import _unmasked_math_attention
+
+    original = F.scaled_dot_product_attention
+    q = torch.randn(1, 2, 8, 4)
+    with _unmasked_math_attention(contextlib.nullcontext(), cp=2):
+        assert F.scaled_dot_product_attention is not original
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, q, q), original(q, q, q))
+        for call in (
+            lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+            lambda: F.scaled_dot_product_attention(q, q, q, None, 0.0, True),
+            lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool)),
+        ):
+            with pytest.raises(RuntimeError, match=r"cp_size=2\) on cpu runs attention without a mask only"):
+                call()
+    assert F.scaled_dot_product_attention is original
