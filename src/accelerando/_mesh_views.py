@@ -63,6 +63,11 @@ class MeshViews:
     def pipeline_parallel_rank(self) -> int:
         raise NotImplementedError("Pipeline parallelism is currently not supported in accelerando.")
 
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """Accelerate's hook for a loader prepared apart from the model under DeepSpeed sequence
+        parallelism; `dl` itself, since `sp_size > 1` is refused when the Accelerator is built."""
+        return dl
+
     def maybe_context_parallel(
         self,
         buffers: list[torch.Tensor] | None = None,

@@ -25,7 +25,7 @@ from accelerando.config.options import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from accelerando.config.resolve import ResolvedConfig, fold_moved_arguments, resolve
+from accelerando.config.resolve import ResolvedConfig, fold_old_arguments, resolve
 from accelerando.ops import collectives
 from accelerando.ops.tree import is_tensor_tree, recursively_apply
 from accelerando.optimizer import AcceleratedOptimizer
@@ -75,9 +75,9 @@ class Accelerator(ConfigViews, MeshViews):
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
-        **removed: Any,
+        **old: Any,  # Accelerate's moved and deprecated keywords
     ) -> None:
-        dataloader_config = fold_moved_arguments(removed, dataloader_config)
+        dataloader_config, parallelism_config = fold_old_arguments(old, dataloader_config, parallelism_config)
         settings = env.read_settings()
         self.config: ResolvedConfig = resolve(
             cpu=cpu,

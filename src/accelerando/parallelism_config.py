@@ -3,7 +3,8 @@
 Accelerate's dataclasses with their fields, environment defaults (`PARALLELISM_CONFIG_*`, written by
 `accelerando launch --parallelism_config_*`) and validation. `mesh_shape(world_size)` turns the sizes
 into the job's `MeshShape` (parallel/mesh.py, the one authority on topology), which the strategies
-and `build_device_mesh` use. Sequence parallelism (DeepSpeed Ulysses) is validated only.
+and `build_device_mesh` use. Sequence parallelism (DeepSpeed Ulysses) is validated, then refused by
+`mesh_shape` when `sp_size > 1`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ CP_COMM_STRATEGIES = ("allgather", "alltoall")
 SP_ATTN_BUILTIN = ("flash_attention_2", "flash_attention_3", "sdpa")
 SP_ATTN_REFUSED = ("eager", "flex_attention")
 _NO_SP = (
-    "sequence parallelism (DeepSpeed Ulysses, sp_size > 1) is not available yet in accelerando; "
-    "use sp_size=1 (tensor parallelism: tp_size, context parallelism: cp_size)"
+    "sequence parallelism (sp_size > 1) is Accelerate's DeepSpeed ALST/Ulysses path (sp_backend='deepspeed': "
+    "DeepSpeed's UlyssesSPAttentionHF and UlyssesSPDataLoaderAdapter), which accelerando does not run yet; "
+    "accepted: sp_size=1. To split long sequences use context parallelism (cp_size > 1, with FSDP)"
 )
 
 
@@ -385,6 +387,38 @@ class ParallelismConfig:
             warnings.warn("ParallelismConfig has the following warnings:\n" + "\n".join(unused), stacklevel=2)
 
 
+@dataclass
+class TorchTensorParallelPlugin:
+    """Accelerate's deprecated form of `ParallelismConfig(tp_size=...)`, kept so that code passing
+    `Accelerator(torch_tp_plugin=...)` still runs; `torch_device_mesh` is ignored, as in Accelerate."""
+
+    tp_size: int = 1
+    torch_device_mesh: Any = None
+
+
+def parallelism_from_tp_plugin(plugin: Any, given: ParallelismConfig | None) -> ParallelismConfig | None:
+    """`Accelerator(torch_tp_plugin=...)`: a FutureWarning, then `ParallelismConfig(tp_size=plugin.tp_size)`
+    unless a ParallelismConfig was passed too (then its tp_size must agree)."""
+    if plugin is None:
+        return given
+    if not isinstance(plugin, TorchTensorParallelPlugin):
+        raise TypeError(f"torch_tp_plugin must be a TorchTensorParallelPlugin, got {type(plugin).__name__}")
+    warnings.warn(
+        "TorchTensorParallelPlugin is deprecated (Accelerate 1.x); pass "
+        f"parallelism_config=ParallelismConfig(tp_size={plugin.tp_size}) instead",
+        FutureWarning,
+        stacklevel=4,
+    )
+    if given is None:
+        return ParallelismConfig(tp_size=plugin.tp_size)
+    if isinstance(given, ParallelismConfig) and given.tp_size != plugin.tp_size:
+        raise ValueError(
+            f"torch_tp_plugin.tp_size={plugin.tp_size} contradicts parallelism_config.tp_size={given.tp_size}; "
+            "pass the size in parallelism_config only"
+        )
+    return given
+
+
 def _default_size(value: int | None, name: str) -> int:
     return _int_setting(name, 1) if value is None else value
 
@@ -394,4 +428,5 @@ __all__ = [
     "ParallelismConfig",
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
 ]

@@ -85,22 +85,24 @@ class ResolvedConfig:
 
 # Accelerate's arguments for engines accelerando does not run yet. None, their default (what
 # transformers' Trainer passes to every Accelerator it builds), is accepted as Accelerate accepts it;
-# any other value is refused, naming the issue that builds the engine.
+# any other value is refused, naming what to use instead.
 NOT_YET_ARGUMENTS = {
-    "torch_tp_plugin": "TorchTensorParallelPlugin (deprecated by Accelerate; use "
-    "parallelism_config=ParallelismConfig(tp_size=...))",
     "megatron_lm_plugin": "Megatron-LM (not planned; see README 'Not there yet')",
 }
 
 
-def fold_moved_arguments(
-    extra: dict[str, Any], dataloader_config: DataLoaderConfiguration | None
-) -> DataLoaderConfiguration | None:
-    """Apply the deprecated data-loader keywords to a DataLoaderConfiguration; refuse anything else.
+def fold_old_arguments(
+    extra: dict[str, Any], dataloader_config: DataLoaderConfiguration | None, parallelism_config: Any = None
+) -> tuple[DataLoaderConfiguration | None, Any]:
+    """Apply the deprecated keywords: data-loader ones onto a DataLoaderConfiguration, `torch_tp_plugin`
+    onto a ParallelismConfig; refuse anything else.
 
     A keyword that contradicts an explicitly passed configuration is an error naming both values;
     the not-yet engines' arguments are accepted only as None, their default.
     """
+    from accelerando.parallelism_config import parallelism_from_tp_plugin
+
+    parallelism_config = parallelism_from_tp_plugin(extra.pop("torch_tp_plugin", None), parallelism_config)
     for name in [n for n in extra if n in NOT_YET_ARGUMENTS]:
         value = extra.pop(name)
         if value is not None:
@@ -108,6 +110,12 @@ def fold_moved_arguments(
                 f"Accelerator({name}={type(value).__name__}(...)): {NOT_YET_ARGUMENTS[name]} is not "
                 f"available yet in accelerando; pass {name}=None (the default) and train with DDP or FSDP"
             )
+    return _fold_dataloader_arguments(extra, dataloader_config), parallelism_config
+
+
+def _fold_dataloader_arguments(
+    extra: dict[str, Any], dataloader_config: DataLoaderConfiguration | None
+) -> DataLoaderConfiguration | None:
     moved = {name: extra.pop(name) for name in DATALOADER_ARGUMENTS if name in extra}
     for name in extra:
         if name in MOVED_ARGUMENTS:
@@ -123,7 +131,7 @@ def fold_moved_arguments(
             f"Passing {name}={value!r} to Accelerator() is deprecated (Accelerate 1.0); "
             f"pass dataloader_config=DataLoaderConfiguration({name}={value!r}) instead",
             FutureWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         if dataloader_config is not None and getattr(dataloader_config, name) != value:
             raise ValueError(

@@ -74,13 +74,9 @@ NO_DEEPSPEED_RUNNER = (
     "accelerando starts every machine's processes with torchrun's agent (--num_machines, --machine_rank, "
     "--main_process_ip); DeepSpeed's own multi-node runner (hostfile, include/exclude filters) is not used"
 )
-NO_CONTEXT_PARALLEL = (
-    "context parallelism is not available yet in accelerando (issue 24); dp_replicate_size, dp_shard_size "
-    "and tp_size are"
-)
 NO_SEQUENCE_PARALLEL = (
-    "sequence parallelism (DeepSpeed Ulysses) is not available yet in accelerando; dp_replicate_size, "
-    "dp_shard_size and tp_size are"
+    "sequence parallelism (Accelerate's DeepSpeed ALST/Ulysses) is not available yet in accelerando; "
+    "dp_replicate_size, dp_shard_size, tp_size and cp_size are"
 )
 
 _CORE: list[Option] = [
@@ -238,10 +234,9 @@ _PARALLEL: list[Option] = [
     _pc("dp_replicate_size", "int", "data-parallel replicas (DDP, or the HSDP outer dimension)", minimum=1),
     _pc("dp_shard_size", "int", "data-parallel shards (FSDP dimension; needs --use_fsdp)", minimum=1),
     _pc("tp_size", "int", "tensor-parallel size", minimum=1),
-    _pc("cp_size", "int", "context-parallel size", refused=NO_CONTEXT_PARALLEL),
-    _pc("cp_backend", "str", "context-parallel backend", choices=("torch",), refused=NO_CONTEXT_PARALLEL),
-    _pc("cp_comm_strategy", "str", "context-parallel rotation: allgather or alltoall",
-        refused=NO_CONTEXT_PARALLEL),
+    _pc("cp_size", "int", "context-parallel size (needs --use_fsdp)", minimum=1),
+    _pc("cp_backend", "str", "context-parallel backend", choices=("torch",)),
+    _pc("cp_comm_strategy", "str", "context-parallel rotation", choices=("allgather", "alltoall")),
     _pc("sp_size", "int", "sequence-parallel size", refused=NO_SEQUENCE_PARALLEL),
     _pc("sp_backend", "str", "sequence-parallel backend", choices=("deepspeed",), refused=NO_SEQUENCE_PARALLEL),
     _pc("sp_seq_length", "int", "sequence length for sequence parallelism", refused=NO_SEQUENCE_PARALLEL),

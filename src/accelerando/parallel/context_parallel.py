@@ -1,24 +1,28 @@
 """Context parallelism: torch's `context_parallel` splits the sequence of the given buffers along the
-`cp` mesh and rewrites scaled-dot-product attention into ring attention for the block's duration.
+`cp` mesh and, for the block's duration, runs scaled-dot-product attention on the sequence shards.
 
-torch implements the rewrite for the CUDA flash / efficient attention kernels only, so on any other
-device the context is refused with a clear error instead of silently computing unsplit attention;
-the checks on the buffers (same count of sequence dims, lengths divisible by 2 x cp_size for the
-load-balanced split, `no_restore_buffers` among `buffers`) are pure and run first.
+On CUDA torch rewrites the flash / efficient / cuDNN attention kernels into ring attention. torch
+2.13 has no such rewrite for CPU's kernel (`_scaled_dot_product_flash_attention_for_cpu` has no
+DTensor sharding rule at all), so on CPU the block runs attention through the math backend, where
+DTensor gathers the keys and values: exact for attention without a mask, but a causal or masked
+attention is refused (the mask is a plain tensor DTensor cannot mix in, and the load-balanced
+sequence order would make a full-length causal mask wrong). Other devices are refused. The checks on
+the buffers (one sequence dim each, lengths divisible by 2 x cp_size for the load-balanced split,
+`no_restore_buffers` among `buffers`) are pure and run first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
 from accelerando.parallel.mesh import ParallelMesh
 
-CP_DEVICES = ("cuda",)
+CP_DEVICES = ("cuda", "cpu")  # cuda: ring attention; cpu: gathered keys and values, no mask
 _warned = False
 
 
@@ -70,12 +74,44 @@ def context_parallel_context(
     if device.type not in CP_DEVICES:
         raise RuntimeError(
             f"context parallelism (cp_size={cp}) cannot run on {device.type}: torch's context_parallel "
-            f"rewrites the flash / efficient attention kernels, which exist on {', '.join(CP_DEVICES)} only"
+            f"rewrites attention for {', '.join(CP_DEVICES)} only"
         )
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import set_rotate_method
 
     set_rotate_method(comm_strategy)
-    return context_parallel(
+    block = context_parallel(
         mesh["cp"], buffers=buffers, buffer_seq_dims=seq_dims, no_restore_buffers=no_restore
     )
+    return block if device.type == "cuda" else _unmasked_math_attention(block, cp)
+
+
+@contextlib.contextmanager
+def _unmasked_math_attention(block: contextlib.AbstractContextManager[Any], cp: int) -> Iterator[None]:
+    """torch's block, with its patched `scaled_dot_product_attention` run on the math backend and a
+    causal or masked call refused, naming why (CPU)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with block:
+        patched = F.scaled_dot_product_attention  # torch's context-parallel wrapper
+
+        def attention(
+            query: Any, key: Any, value: Any, attn_mask: Any = None, *args: Any, **kwargs: Any
+        ) -> Any:
+            is_causal = kwargs.get("is_causal", args[1] if len(args) > 1 else False)
+            if attn_mask is not None or is_causal:
+                raise RuntimeError(
+                    f"context parallelism (cp_size={cp}) on cpu runs attention without a mask only: torch "
+                    "2.13's ring attention exists for CUDA's flash / efficient / cuDNN kernels, and on CPU the "
+                    "sharded keys and values are gathered by DTensor, which cannot apply a causal or explicit "
+                    "mask to the load-balanced sequence; run causal attention with context parallelism on CUDA"
+                )
+            with sdpa_kernel(SDPBackend.MATH):
+                return patched(query, key, value, attn_mask, *args, **kwargs)
+
+        F.scaled_dot_product_attention = attention  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            F.scaled_dot_product_attention = patched  # torch's exit restores the original

@@ -42,6 +42,7 @@ from accelerando.parallelism_config import (
     DeepSpeedSequenceParallelConfig,
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
+    TorchTensorParallelPlugin,
 )
 
 FP8_BACKENDS = ("MSAMP", "TE")
@@ -136,4 +137,5 @@ __all__ = [
     "TorchContextParallelConfig",
     "TorchDynamoPlugin",
     "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
 ]

@@ -5,7 +5,8 @@ three AdamW steps at 1e-4, since Adam's division by sqrt(v) magnifies last-bit d
 near-zero gradients); the
 data follows the mesh (both TP ranks read the same batch, gather_for_metrics once per sample); HSDP
 on a (1, 2) mesh and dp_replicate_size=2 (DDP) against a plain DDP reference; the TP checkpoint
-(DCP shards) is written to argv[1] for a single-process load."""
+(DCP shards) is written to argv[1] for a single-process load and resumed on FSDP2 over dp_shard=2; context parallelism (cp_size=2 with FSDP2)
+of a self-attention block against the unsharded block."""
 
 from __future__ import annotations
 
@@ -125,6 +126,29 @@ def check_checkpoint(acc, model, reference) -> None:
     )
 
 
+def check_reshard_into_fsdp() -> None:
+    """The TP checkpoint (fc1/fc2 sharded over tp) resumes on another mesh: FSDP2 over dp_shard=2,
+    through accelerator.load_state; the weights are the TP run's, bit-exact, the optimizer its 3 steps."""
+    out = Path(sys.argv[1])
+    acc = Accelerator(
+        parallelism_config=ParallelismConfig(dp_shard_size=2), fsdp_plugin=FullyShardedDataParallelPlugin()
+    )
+    torch.manual_seed(5)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loader = torch.utils.data.DataLoader(torch.zeros(12, 2), batch_size=4)
+    model, opt, _ = acc.prepare(
+        model, opt, loader
+    )  # what the TP run prepared: a model, an optimizer, a loader
+    assert next(model.parameters()).device_mesh.mesh_dim_names == ("dp_shard",)
+    acc.load_state(out / "ckpt")
+    params = {n: full(p) for n, p in model.named_parameters()}
+    expected = torch.load(out / "expected.pt") if dist.get_rank() == 0 else params
+    assert_close(params, expected, "TP checkpoint loaded into FSDP", 0.0)
+    assert all(int(state["step"]) == 3 for state in opt.optimizer.state.values()), "optimizer state"
+    print("TP_TO_FSDP_OK")
+
+
 def check_llama() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -213,27 +237,69 @@ def check_hsdp_and_ddp() -> None:
     print("HSDP_DDP_OK")
 
 
-def check_context_parallel_is_refused_on_cpu() -> None:
-    """cp_size=2 with FSDP builds its mesh (cp ranks share a data-parallel rank); the step is refused."""
+class Attention(torch.nn.Module):
+    """One self-attention block through F.scaled_dot_product_attention (what maybe_context_parallel shards)."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = (t.reshape(b, s, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        return self.out(y.transpose(1, 2).reshape(b, s, d))
+
+
+def check_context_parallel() -> None:
+    """cp_size=2 with FSDP2 over dp_shard_cp: each rank attends with its half of the sequence (torch's
+    context_parallel; on CPU keys and values gathered by DTensor); the loss averaged over the cp ranks
+    and every gradient equal the unsharded model's on the whole sequence; a causal attention is refused."""
     acc = Accelerator(
         parallelism_config=ParallelismConfig(cp_size=2), fsdp_plugin=FullyShardedDataParallelPlugin()
     )
     assert acc.torch_device_mesh["cp"].size() == 2 and acc.data_parallel_size == 1
-    ids = torch.zeros(2, 8, dtype=torch.long)
+    assert acc.context_parallel_rank == dist.get_rank()
+    torch.manual_seed(0)
+    model = Attention()
+    reference = copy.deepcopy(model)
+    model = acc.prepare(model)
+    assert acc.torch_device_mesh["dp_shard_cp"].size() == 2
+    assert next(model.parameters()).device_mesh.mesh_dim_names == ("dp_shard_cp",)  # FSDP shards over cp too
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(2, 16, 16, generator=g), torch.randn(2, 16, 16, generator=g)
+    ref_loss = torch.nn.functional.mse_loss(reference(x), y)
+    ref_loss.backward()
+    xs, ys = x.clone(), y.clone()
+    with acc.maybe_context_parallel(buffers=[xs, ys], buffer_seq_dims=[1, 1], no_restore_buffers={xs, ys}):
+        assert xs.shape == (2, 8, 16), xs.shape  # this rank's half of the sequence
+        loss = torch.nn.functional.mse_loss(model(xs), ys)
+        acc.backward(loss)
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    torch.testing.assert_close(mean / 2, ref_loss.detach(), rtol=TOL, atol=TOL)
+    grads = {n: full(p.grad) for n, p in model.named_parameters()}
+    assert_close(grads, {n: p.grad for n, p in reference.named_parameters()}, "cp grads", TOL)
+    xs = x.clone()
     try:
-        with acc.maybe_context_parallel(buffers=[ids], buffer_seq_dims=[1], no_restore_buffers={ids}):
-            raise AssertionError("context parallelism ran on CPU")
+        with acc.maybe_context_parallel(buffers=[xs], buffer_seq_dims=[1]):
+            model(xs, is_causal=True)
+        raise AssertionError("a causal attention ran under context parallelism on CPU")
     except RuntimeError as err:
-        assert "cannot run on cpu" in str(err), err
-    print("CP_REFUSED_OK")
+        assert "without a mask only" in str(err), err
+    assert torch.equal(xs, x)  # restored when the block ends
+    print("CP_OK")
 
 
 def main() -> None:
     PartialState()
     check_mlp_and_data()
+    check_reshard_into_fsdp()
     check_llama()
     check_hsdp_and_ddp()
-    check_context_parallel_is_refused_on_cpu()
+    check_context_parallel()
     print("TP_MESH_OK")
 
 

@@ -89,7 +89,7 @@ def test_loading_the_other_format_names_what_is_missing(tmp_path: Path) -> None:
         load_fsdp_model(sharded, accelerator, model, tmp_path)
 
 
-@pytest.mark.parametrize("name", ["torch_tp_plugin", "megatron_lm_plugin"])
+@pytest.mark.parametrize("name", ["megatron_lm_plugin"])
 def test_engine_arguments_accept_none_and_refuse_a_value(name: str) -> None:
     Accelerator(cpu=True, **{name: None})  # what transformers' Trainer passes every time
     with pytest.raises(NotImplementedError, match=rf"{name}=object.*not available yet"):

@@ -178,6 +178,17 @@ ROWS: dict[str, list[Reaches | Refused | NoEffect]] = {
         Reaches(2, accelerator_config("parallelism.tp_size"), 2, also={"num_processes": 2}),
         Refused(2, "cp_size=1 = 2, but the launch starts 4 processes", also={"num_processes": 4}),
     ],
+    "parallelism_config_cp_size": [
+        Reaches(2, accelerator_config("parallelism.cp_size"), 2, also={"num_processes": 2, "use_fsdp": True}),
+        Refused(2, "needs FSDP", also={"num_processes": 2}),
+    ],
+    # read by ParallelismConfig / TorchContextParallelConfig from the worker's environment
+    "parallelism_config_cp_backend": [
+        Reaches("torch", exported_as("PARALLELISM_CONFIG_CP_BACKEND"), "torch")
+    ],
+    "parallelism_config_cp_comm_strategy": [
+        Reaches("alltoall", exported_as("PARALLELISM_CONFIG_CP_COMM_STRATEGY"), "alltoall")
+    ],
     "use_megatron_lm": [Refused(True, "does not launch Megatron-LM")],
     "gpu_ids": [
         Reaches("0,1", exported_as("CUDA_VISIBLE_DEVICES"), "0,1", also={"num_processes": 2}, detected=GPU4)

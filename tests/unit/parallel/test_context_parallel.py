@@ -1,4 +1,5 @@
-"""maybe_context_parallel: the checks on its buffers and the refusal off CUDA (pure, no process group)."""
+"""maybe_context_parallel: the checks on its buffers and the refusal off CUDA and CPU (pure, no process
+group); the block itself runs on 2 gloo ranks in tests/distributed/scripts/tp_mesh.py."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ def test_buffers_are_checked_naming_the_sizes() -> None:
         context_parallel_context(_cp2(), CPU, "allgather", [ids], [1], {torch.zeros(1)})
 
 
-def test_cpu_is_refused_with_the_reason() -> None:
+def test_other_devices_are_refused_with_the_reason() -> None:
     ids = torch.zeros(2, 8, dtype=torch.long)
-    with pytest.raises(RuntimeError, match=r"context parallelism \(cp_size=2\) cannot run on cpu.*cuda"):
-        context_parallel_context(_cp2(), CPU, "allgather", [ids], [1], {ids})
+    with pytest.raises(
+        RuntimeError, match=r"context parallelism \(cp_size=2\) cannot run on mps.*cuda, cpu only"
+    ):
+        context_parallel_context(_cp2(), torch.device("mps"), "allgather", [ids], [1], {ids})
 
 
 def test_without_cp_it_is_a_no_op_that_says_so() -> None:
@@ -42,3 +45,27 @@ def test_without_cp_it_is_a_no_op_that_says_so() -> None:
     with pytest.warns(UserWarning, match="Context parallel training is not enabled"):
         with acc.maybe_context_parallel(buffers=[torch.zeros(2, 3)], buffer_seq_dims=[1]):
             pass
+
+
+def test_on_cpu_attention_inside_the_block_is_unmasked_and_math_only() -> None:
+    """The wrapper around torch's patched attention (here: the plain one): unmasked calls pass through
+    on the math backend, causal or masked calls are refused naming why; the function is restored."""
+    import contextlib
+
+    import torch.nn.functional as F
+
+    from accelerando.parallel.context_parallel import _unmasked_math_attention
+
+    original = F.scaled_dot_product_attention
+    q = torch.randn(1, 2, 8, 4)
+    with _unmasked_math_attention(contextlib.nullcontext(), cp=2):
+        assert F.scaled_dot_product_attention is not original
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, q, q), original(q, q, q))
+        for call in (
+            lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+            lambda: F.scaled_dot_product_attention(q, q, q, None, 0.0, True),
+            lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool)),
+        ):
+            with pytest.raises(RuntimeError, match=r"cp_size=2\) on cpu runs attention without a mask only"):
+                call()
+    assert F.scaled_dot_product_attention is original

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from accelerando import Accelerator
@@ -116,9 +117,19 @@ def test_deepspeed_refuses_tensor_and_context_parallelism() -> None:
     assert plan_strategy(cfg, _topology(2))[2] == MeshShape(dp_shard=2)  # ZeRO partitions over all
 
 
-def test_sequence_parallelism_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"sp_size=2\): sequence parallelism .* not available"):
+def test_sequence_parallelism_is_refused_naming_what_is_accepted() -> None:
+    with pytest.raises(
+        ValueError, match=r"sp_size=2\): sequence parallelism .*DeepSpeed ALST/Ulysses.* accepted: sp_size=1"
+    ):
         plan_strategy(_config(ParallelismConfig(sp_size=2)), _topology(2))
+    with pytest.raises(
+        ValueError, match=r"sp_size=2\): .*use context parallelism \(cp_size > 1, with FSDP\)"
+    ):
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(sp_size=2))  # before any process group
+    assert not dist.is_initialized()
+    acc = Accelerator(cpu=True)
+    loader = torch.utils.data.DataLoader(list(range(4)))
+    assert acc.deepspeed_ulysses_dl_adapter(loader, torch.nn.Linear(1, 1)) is loader  # Accelerate's hook
 
 
 def test_the_launchers_variables_build_the_config() -> None:
@@ -154,3 +165,27 @@ def test_mesh_ranks_need_a_parallelism_config() -> None:
     acc = Accelerator(cpu=True)
     with pytest.raises(RuntimeError, match="tp parallelism is not configured"):
         _ = acc.tensor_parallel_rank
+
+
+def test_the_deprecated_tp_plugin_becomes_a_parallelism_config() -> None:
+    """Accelerate 1.x maps `torch_tp_plugin` onto `ParallelismConfig(tp_size=...)`, with a FutureWarning."""
+    from accelerando.utils import TorchTensorParallelPlugin
+
+    with pytest.warns(FutureWarning, match=r"ParallelismConfig\(tp_size=2\)"):
+        with pytest.raises(ValueError, match=r"tp_size=2 = 2, but the job has 1 process;"):
+            Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=2))
+    assert not dist.is_initialized()
+    with pytest.warns(FutureWarning, match="TorchTensorParallelPlugin is deprecated"):
+        acc = Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin())
+    assert acc.parallelism_config == ParallelismConfig(tp_size=1)
+    given = ParallelismConfig()
+    with pytest.warns(FutureWarning):
+        assert Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(), parallelism_config=given)
+    with (
+        pytest.warns(FutureWarning),
+        pytest.raises(ValueError, match="tp_size=2 contradicts parallelism_config.tp_size=1"),
+    ):
+        Accelerator(cpu=True, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=2), parallelism_config=given)
+    with pytest.raises(TypeError, match="torch_tp_plugin must be a TorchTensorParallelPlugin, got dict"):
+        Accelerator(cpu=True, torch_tp_plugin={"tp_size": 2})
+    Accelerator(cpu=True, torch_tp_plugin=None)  # what transformers' Trainer passes every time
