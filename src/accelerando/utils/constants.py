@@ -51,3 +51,18 @@ SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (
     torch.nn.ConvTranspose3d,
     torch.nn.Linear,
 )
+# DistributedType values whose collectives go through torch.distributed (Accelerate's lists)
+CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
+TORCH_DISTRIBUTED_OPERATION_TYPES = [
+    *CUDA_DISTRIBUTED_TYPES,
+    *(
+        "MULTI_NPU",
+        "MULTI_MLU",
+        "MULTI_SDAA",
+        "MULTI_MUSA",
+        "MULTI_XPU",
+        "MULTI_CPU",
+        "MULTI_HPU",
+        "MULTI_NEURON",
+    ),
+]

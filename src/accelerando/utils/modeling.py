@@ -154,3 +154,18 @@ def get_state_dict_from_offload(
 
 
 __all__ += ["get_module_size_with_ties", "get_state_dict_from_offload", "get_state_dict_offloaded_model"]
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether `model`, once out of its DDP / compile wrappers, is a peft `PeftModel`."""
+    from accelerando.utils.imports import is_peft_available
+    from accelerando.utils.other import extract_model_from_parallel
+
+    if not is_peft_available():
+        return False
+    from peft import PeftModel
+
+    return isinstance(extract_model_from_parallel(model), PeftModel)
+
+
+__all__ += ["is_peft_model"]
