@@ -113,7 +113,13 @@ from accelerando.utils.imports import (
     is_xccl_available,
     is_xpu_available,
 )
-from accelerando.utils.launch import env_var_path_add, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+from accelerando.utils.launch import (
+    env_var_path_add,
+    prepare_deepspeed_cmd_env,
+    prepare_multi_gpu_env,
+    prepare_simple_launcher_cmd_env,
+    prepare_tpu,
+)
 from accelerando.utils.memory import clear_device_cache, find_executable_batch_size, release_memory
 from accelerando.utils.modeling import (
     align_module_device,
