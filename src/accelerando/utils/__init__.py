@@ -41,6 +41,7 @@ from accelerando.utils.deepspeed import (
     get_active_deepspeed_plugin,
 )
 from accelerando.utils.environment import (
+    are_libraries_initialized,
     convert_dict_to_env_variables,
     get_int_from_env,
     parse_choice_from_env,
@@ -122,6 +123,7 @@ from accelerando.utils.launch import (
 )
 from accelerando.utils.memory import clear_device_cache, find_executable_batch_size, release_memory
 from accelerando.utils.modeling import (
+    CustomDtype,
     align_module_device,
     calculate_maximum_sizes,
     check_device_map,
@@ -145,6 +147,7 @@ from accelerando.utils.modeling import (
     load_offloaded_weights,
     load_state_dict,
     named_module_tensors,
+    normalize_device,
     retie_parameters,
     set_module_tensor_to_device,
 )

@@ -124,3 +124,10 @@ def parse_choice_from_env(key: str, default: str = "no") -> str:
     """The raw value of `key`, `default` when unset (choices such as ACCELERATE_MIXED_PRECISION)."""
     value = env.raw(key)
     return str(default) if value is None else value
+
+
+def are_libraries_initialized(*library_names: str) -> list[str]:
+    """Those of `library_names` already imported in this process (a launcher checks before forking)."""
+    import sys
+
+    return [name for name in library_names if name in sys.modules]

@@ -169,3 +169,22 @@ def is_peft_model(model: nn.Module) -> bool:
 
 
 __all__ += ["is_peft_model"]
+
+
+def normalize_device(device: int | str | torch.device) -> int | str | torch.device:
+    """Accelerate's spelling of a device-map value: an integer index names the machine's
+    accelerator (`"xpu:1"`; CUDA keeps the bare integer, an HPU is `"hpu"`), `"npu"` is `"npu:0"`."""
+    from accelerando.utils.imports import get_torch_accelerator_backend
+
+    if device == "npu":
+        return "npu:0"
+    if isinstance(device, int) and not isinstance(device, bool):
+        device_type, _ = get_torch_accelerator_backend(check_available=False)
+        if device_type == "hpu":
+            return "hpu"
+        if device_type not in (None, "cuda"):
+            return f"{device_type}:{device}"
+    return device
+
+
+__all__ += ["normalize_device"]

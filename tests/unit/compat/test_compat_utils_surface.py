@@ -99,3 +99,13 @@ def test_load_reads_numpy_rng_states_with_weights_only_as_accelerate() -> None:
         buffer.seek(0)
         loaded = load(buffer)
         assert torch.equal(loaded["t"], torch.arange(3)) and loaded["numpy"][0] == "MT19937"
+
+
+def test_device_and_library_helpers_equal_accelerates() -> None:
+    for device in (0, 3, "cpu", "npu", "cuda:1", torch.device("cpu"), "disk"):
+        assert ours.normalize_device(device) == theirs.normalize_device(device)
+    names = ("torch", "numpy", "no_such_library_here")
+    assert ours.are_libraries_initialized(*names) == theirs.are_libraries_initialized(*names) == ["torch", "numpy"]
+    assert {d.name for d in ours.CustomDtype} == {d.name for d in theirs.CustomDtype}
+    for custom in theirs.CustomDtype:
+        assert ours.dtype_byte_size(custom) == theirs.dtype_byte_size(custom)
