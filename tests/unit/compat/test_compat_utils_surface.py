@@ -105,7 +105,11 @@ def test_device_and_library_helpers_equal_accelerates() -> None:
     for device in (0, 3, "cpu", "npu", "cuda:1", torch.device("cpu"), "disk"):
         assert ours.normalize_device(device) == theirs.normalize_device(device)
     names = ("torch", "numpy", "no_such_library_here")
-    assert ours.are_libraries_initialized(*names) == theirs.are_libraries_initialized(*names) == ["torch", "numpy"]
+    assert (
+        ours.are_libraries_initialized(*names)
+        == theirs.are_libraries_initialized(*names)
+        == ["torch", "numpy"]
+    )
     assert {d.name for d in ours.CustomDtype} == {d.name for d in theirs.CustomDtype}
     for custom in theirs.CustomDtype:
         assert ours.dtype_byte_size(custom) == theirs.dtype_byte_size(custom)
