@@ -57,6 +57,9 @@ from accelerando.utils.fsdp_utils import (
     save_fsdp_optimizer,
 )
 from accelerando.utils.imports import (
+    deepspeed_required,
+    get_current_device_type,
+    get_distributed_backend,
     get_torch_accelerator_backend,
     is_4bit_bnb_available,
     is_8bit_bnb_available,
@@ -113,6 +116,7 @@ from accelerando.utils.imports import (
     is_wandb_available,
     is_xccl_available,
     is_xpu_available,
+    torchao_required,
 )
 from accelerando.utils.launch import (
     env_var_path_add,
@@ -193,6 +197,7 @@ from accelerando.utils.other import (
     clean_state_dict_for_safetensors,
     convert_bytes,
     extract_model_from_parallel,
+    get_model_tp_size,
     get_module_children_bottom_up,
     get_pretty_name,
     has_compiled_regions,

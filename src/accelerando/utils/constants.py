@@ -66,3 +66,8 @@ TORCH_DISTRIBUTED_OPERATION_TYPES = [
         "MULTI_NEURON",
     ),
 ]
+# Each accelerator type's torch.distributed backend (Accelerate's table; CPU uses gloo)
+TORCH_DISTRIBUTED_BACKENDS = {
+    "cuda": "nccl", "mlu": "cncl", "sdaa": "tccl", "musa": "mccl", "npu": "hccl", "hpu": "hccl",
+    "xpu": "xccl", "neuron": "neuron",
+}  # fmt: skip

@@ -283,3 +283,60 @@ def is_transformer_engine_mxfp8_available() -> bool:
         return False
     fp8 = importlib.import_module("transformer_engine.pytorch.fp8")
     return bool(fp8.check_mxfp8_support()[0])
+
+
+def get_distributed_backend(device_type: str | None) -> str | None:
+    """The torch.distributed backend Accelerate pairs with `device_type`; None when there is none
+    (CPU: accelerando uses gloo there) or XPU without xccl."""
+    from accelerando.utils.constants import TORCH_DISTRIBUTED_BACKENDS
+
+    if device_type == "xpu" and not is_xccl_available():
+        return None
+    return TORCH_DISTRIBUTED_BACKENDS.get(device_type or "")
+
+
+def get_current_device_type() -> tuple[str, str]:
+    """(device type, distributed type name) a launcher would use here, no accelerator initialised."""
+    device_type, _ = get_torch_accelerator_backend(check_available=False)
+    if device_type is None:
+        return "cpu", "NO"
+    if get_distributed_backend(device_type) is None:
+        return device_type, "NO"
+    return device_type, "MULTI_GPU" if device_type == "cuda" else f"MULTI_{device_type.upper()}"
+
+
+def torchao_required(func: Any) -> Any:
+    """Decorator: calling `func` without torchao installed raises an ImportError saying so."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_torchao_available():
+            raise ImportError(f"{func.__qualname__} needs `torchao`: pip install torchao")
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def deepspeed_required(func: Any) -> Any:
+    """Decorator: calling `func` once an Accelerator runs another strategy than DeepSpeed raises."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from accelerando import _runtime
+        from accelerando.utils.dataclasses import DistributedType
+
+        runtime = _runtime.current()
+        if (
+            runtime is not None
+            and runtime.accelerator_ready
+            and runtime.distributed_type != DistributedType.DEEPSPEED
+        ):
+            raise ValueError(
+                f"DeepSpeed is not enabled ({runtime.distributed_type}): {func.__qualname__} needs an Accelerator "
+                "configured for deepspeed"
+            )
+        return func(*args, **kwargs)
+
+    return wrapper

@@ -244,3 +244,14 @@ def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
     extra += [t for t in vars(getattr(np, "dtypes", object)).values() if isinstance(t, type)]
     with torch.serialization.safe_globals(extra):
         return torch.load(f, map_location=map_location, **kwargs)
+
+
+def get_model_tp_size(model: torch.nn.Module) -> int | None:
+    """The tensor-parallel degree a transformers model was sharded with (`model.tp_size` before
+    transformers 5, its config's `distributed_config` since), None when it was not."""
+    tp_size = getattr(model, "tp_size", None)
+    if tp_size is not None:
+        return int(tp_size)
+    config = getattr(getattr(model, "config", None), "distributed_config", None)
+    value = config.get("tp_size") if isinstance(config, dict) else getattr(config, "tp_size", None)
+    return None if value is None else int(value)

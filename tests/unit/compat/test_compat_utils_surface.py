@@ -113,3 +113,40 @@ def test_device_and_library_helpers_equal_accelerates() -> None:
     assert {d.name for d in ours.CustomDtype} == {d.name for d in theirs.CustomDtype}
     for custom in theirs.CustomDtype:
         assert ours.dtype_byte_size(custom) == theirs.dtype_byte_size(custom)
+
+
+def test_backend_device_type_and_tp_size_helpers_equal_accelerates() -> None:
+    from accelerate.utils.constants import TORCH_DISTRIBUTED_BACKENDS
+
+    from accelerando.utils.constants import TORCH_DISTRIBUTED_BACKENDS as mine
+
+    assert mine == TORCH_DISTRIBUTED_BACKENDS
+    for device_type in (None, "cpu", "cuda", "npu", "xpu", "hpu", "mps"):
+        assert ours.get_distributed_backend(device_type) == theirs.get_distributed_backend(device_type)
+    assert ours.get_current_device_type() == theirs.get_current_device_type()
+
+    class Config:
+        def __init__(self, distributed_config: object) -> None:
+            self.distributed_config = distributed_config
+
+    models = [nn.Linear(1, 1), nn.Linear(1, 1), nn.Linear(1, 1), nn.Linear(1, 1)]
+    models[1].tp_size = 4
+    models[2].config = Config({"tp_size": 2})
+    models[3].config = Config(Config(None))
+    models[3].config.distributed_config.tp_size = 8
+    for model in models:
+        assert ours.get_model_tp_size(model) == theirs.get_model_tp_size(model)
+
+
+def test_required_decorators_guard_like_accelerates() -> None:
+    def needs_ao() -> str:
+        return "ran"
+
+    for module in (ours, theirs):
+        guarded = module.torchao_required(needs_ao)
+        if ours.is_torchao_available():
+            assert guarded() == "ran"
+        else:
+            with pytest.raises(ImportError, match="torchao"):
+                guarded()
+    assert ours.deepspeed_required(needs_ao)() == "ran"  # no Accelerator yet: nothing to check
