@@ -308,7 +308,6 @@ class Accelerator(ConfigViews, MeshViews):
 
         if _prepare.is_prepared(data_loader):
             return _prepare.register_once(self._dataloaders, data_loader)
-        placement = self.device_placement if device_placement is None else device_placement
         prepared = prepare_data_loader(
             data_loader,
             num_processes=self.data_parallel_size,
@@ -316,7 +315,8 @@ class Accelerator(ConfigViews, MeshViews):
             device=self.device,
             config=self.config.dataloader,
             gradient_state=self.gradient_state,
-            put_on_device=placement,
+            put_on_device=self.device_placement if device_placement is None else device_placement,
+            rng_types=list(self.config.rng_types),
             slice_fn_for_dispatch=slice_fn_for_dispatch,
         )
         return _prepare.register_once(self._dataloaders, _prepare.mark_prepared(prepared))

@@ -1,5 +1,6 @@
 """Accelerate's `accelerate.big_modeling` names; defined in `accelerando.big_model`."""
 
+from accelerando.big_model.casting import attach_layerwise_casting_hooks
 from accelerando.big_model.device_map import (
     check_device_map,
     get_balanced_memory,
@@ -37,6 +38,7 @@ __all__ = [
     "add_hook_to_module",
     "attach_align_device_hook",
     "attach_align_device_hook_on_blocks",
+    "attach_layerwise_casting_hooks",
     "check_device_map",
     "compute_module_sizes",
     "cpu_offload",

@@ -1,5 +1,6 @@
 """Accelerate's `accelerate.hooks` names; defined in `accelerando.big_model.hooks`."""
 
+from accelerando.big_model.casting import LayerwiseCastingHook
 from accelerando.big_model.hooks import (
     AlignDevicesHook,
     CpuOffload,
@@ -18,6 +19,7 @@ from accelerando.big_model.tensors import send_to_device, set_module_tensor_to_d
 __all__ = [
     "AlignDevicesHook",
     "CpuOffload",
+    "LayerwiseCastingHook",
     "ModelHook",
     "SequentialHook",
     "UserCpuOffloadHook",

@@ -385,8 +385,18 @@ class GradientState(_PicklesAsView):
 
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None) -> None:
         self._bound = _runtime.require_runtime().gradient
+        self._g.configured = True  # as Accelerate: a GradientState made is an initialised one
         if gradient_accumulation_plugin is not None:
             configure_gradient(self._g, gradient_accumulation_plugin)
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Accelerate's test hook: accumulation settings, progress and active loaders start afresh
+        (views already made read the fresh state, as Accelerate's shared dict would be refilled)."""
+        runtime = _runtime.current()
+        if runtime is not None:
+            runtime.gradient.stale = True
+            runtime.gradient = _runtime.GradientRuntime()
 
     @property
     def initialized(self) -> bool:

@@ -91,6 +91,55 @@ def build_on_meta(spec: str) -> Any:
         return factory()
 
 
+def create_empty_model(
+    model_name: str,
+    library_name: str | None = None,
+    trust_remote_code: bool = False,
+    access_token: str | None = None,
+) -> Any:
+    """Accelerate's name: the model on meta, from a local config / `module:callable` as the command
+    reads it, else (a Hub name) from its transformers config or timm's architecture name. Hub
+    names need network access or the Hugging Face cache: nothing is downloaded but the config."""
+    local = ":" in model_name or Path(model_name).exists()
+    if library_name not in (None, "transformers", "timm"):
+        raise ValueError(f"library_name={library_name!r}: accepted are 'transformers', 'timm' or None")
+    if local and library_name != "timm":
+        return build_on_meta(model_name)
+    import torch
+
+    with torch.device("meta"):
+        if library_name == "timm":
+            import timm
+
+            return timm.create_model(model_name, pretrained=False)
+        from transformers import AutoConfig, AutoModel
+
+        config = AutoConfig.from_pretrained(
+            model_name, trust_remote_code=trust_remote_code, token=access_token
+        )
+        return AutoModel.from_config(config, torch_dtype=torch.float32, trust_remote_code=trust_remote_code)
+
+
+def create_ascii_table(headers: list[str], rows: list[list[str]], title: str) -> str:
+    """Accelerate's box-drawn table (title, centred header and cells), line for line the same: a
+    title wider than the columns widens the last one by twice its excess over the rule, as there."""
+    widths = [max(len(v) for v in [h, *(row[i] for row in rows)]) for i, h in enumerate(headers)]
+    if len(title) > sum(widths):
+        widths[-1] += 2 * abs(len(title) - (sum(widths) + len(widths) + 1))
+    inner = sum(widths) + len(widths) - 1
+
+    def rule(left: str, middle: str, right: str) -> str:
+        return left + middle.join("\u2500" * w for w in widths) + right
+
+    def line(cells: list[str]) -> str:
+        return "\u2502" + "\u2502".join(c.center(w) for c, w in zip(cells, widths)) + "\u2502"
+
+    out = [rule("\u250c", "\u2500", "\u2510"), "\u2502" + title.center(inner) + "\u2502"]
+    out += [rule("\u251c", "\u252c", "\u2524"), line(headers), rule("\u251c", "\u253c", "\u2524")]
+    out += [line(row) for row in rows] + [rule("\u2514", "\u2534", "\u2518")]
+    return "\n".join(out)
+
+
 def measure(model: Any, name: str) -> ModelSize:
     """Parameter count (shared tensors once) and the largest leaf module's parameter count."""
     seen: set[int] = set()

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from accelerando.data.samplers import SeedableRandomSampler, call_set_epoch
 from accelerando.data.sharding import remainder as sh_remainder
 from accelerando.ops.tree import send_to_device
+from accelerando.utils.random import synchronize_rng_states
 
 try:
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -108,6 +109,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     _pending_state: Any = None
     _stateful_twin: Any = None  # the subclass that also derives from torchdata's StatefulDataLoader
     _pass_batches: int | None = None  # batches the pass under way yields, when its start knew it
+    rng_types: list[Any] | None = None  # RNGs given rank 0's state at each pass start (Accelerate's)
 
     # Builds the `_prepared` arguments of a loader constructed like a DataLoader (Accelerate's way);
     # set by `data.prepare`, which holds the logic shared with `prepare_data_loader`.
@@ -261,6 +263,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
                 self._yield_state = None
 
     def _prepare_pass(self) -> None:
+        self._synchronize_rngs()
         self._pass_start = self._start
         self._open = True
         self._progress.active = self
@@ -273,6 +276,14 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         gen = getattr(self, "_worker_generator", None)
         if gen is not None:
             gen.manual_seed(worker_seed(self._progress.seed, epoch, self._rank))
+
+    def _synchronize_rngs(self) -> None:
+        """Give every rank rank 0's global torch / device RNG state when `rng_types` names them,
+        at each pass start as Accelerate does (so e.g. dropout draws agree across ranks). The
+        user's shuffle generator ("generator") is aligned by `Progress.start_pass`."""
+        others = [r for r in (self.rng_types or ()) if str(r) != "generator"]
+        if others:
+            synchronize_rng_states(others)
 
     def _draws_base_seed(self) -> bool:
         """Whether torch would draw a worker base seed from the loader's generator now: at every
@@ -318,6 +329,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         prepared = self._ctor  # type: ignore[attr-defined]
         view = type(self)(prepared["dataset"], _prepared=prepared)
         view._start = start
+        view.rng_types = self.rng_types
         # The view now owns the resumed position: the original's next pass starts a fresh epoch.
         self._start = self._skip_each_pass
         self._pending_state = None

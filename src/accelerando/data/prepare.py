@@ -219,7 +219,8 @@ def prepare_data_loader(
     (the Accelerator's call) the options come from it and nothing is looked up. A shuffle with
     the user's generator draws from it (rank 0's state, each pass); any other is a function of
     (seed, epoch) (`use_seedable_sampler=True` or a `data_seed` ask for that with a generator too).
-    `rng_types` is accepted for compatibility: no other RNG is drawn from, so none is synchronised.
+    `rng_types` names the RNGs a shard loader gives rank 0's state at each pass start, as in
+    Accelerate ("torch", the device's, "generator"; a dispatcher synchronises none, as there).
     """
     coords = _data_parallel_coords(torch_device_mesh) if torch_device_mesh is not None else None
     if coords is not None:
@@ -251,9 +252,22 @@ def prepare_data_loader(
         dataloader, num_processes, process_index, config, dispatch, device, put_on_device, gradient_state
     )
     if not dispatch:
-        return DataLoaderShard(args["dataset"], _prepared=args)
+        return DataLoaderShard(args["dataset"], rng_types=_rng_list(rng_types), _prepared=args)
     args.update(slice_fn=slice_fn_for_dispatch, world_size=num_processes)
     return DataLoaderDispatcher(args["dataset"], _prepared=args)
+
+
+def _rng_list(rng_types: list[Any] | None) -> list[str] | None:
+    """`rng_types` as plain names (an `RNGType` is its value), checked before any pass needs them."""
+    if rng_types is None:
+        return None
+    names = [str(getattr(r, "value", r)) for r in rng_types]
+    device = accelerator_device().type
+    accepted = {"torch", "generator"} | ({device} if device != "cpu" else set())
+    bad = [n for n in names if n not in accepted]
+    if bad:
+        raise ValueError(f"rng_types={bad!r}: accepted are {sorted(accepted)} on this machine")
+    return names
 
 
 def _prepared_args(

@@ -51,3 +51,23 @@ SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (
     torch.nn.ConvTranspose3d,
     torch.nn.Linear,
 )
+# DistributedType values whose collectives go through torch.distributed (Accelerate's lists)
+CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
+TORCH_DISTRIBUTED_OPERATION_TYPES = [
+    *CUDA_DISTRIBUTED_TYPES,
+    *(
+        "MULTI_NPU",
+        "MULTI_MLU",
+        "MULTI_SDAA",
+        "MULTI_MUSA",
+        "MULTI_XPU",
+        "MULTI_CPU",
+        "MULTI_HPU",
+        "MULTI_NEURON",
+    ),
+]
+# Each accelerator type's torch.distributed backend (Accelerate's table; CPU uses gloo)
+TORCH_DISTRIBUTED_BACKENDS = {
+    "cuda": "nccl", "mlu": "cncl", "sdaa": "tccl", "musa": "mccl", "npu": "hccl", "hpu": "hccl",
+    "xpu": "xccl", "neuron": "neuron",
+}  # fmt: skip

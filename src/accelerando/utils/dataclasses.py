@@ -7,6 +7,8 @@ import importlib.util
 import warnings
 from dataclasses import dataclass
 
+import torch
+
 from accelerando.config import env
 from accelerando.config.deepspeed import DeepSpeedPlugin
 from accelerando.config.fp8 import complete_recipe
@@ -108,7 +110,16 @@ class FP8RecipeKwargs(KwargsHandler):
         return TERecipeKwargs(**{f: getattr(self, f) for f in _TE_FIELDS})
 
 
+@dataclass
+class TensorInformation:
+    """Shape and dtype of a tensor another process will send (see `utils.get_data_structure`)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
 __all__ = [
+    "TensorInformation",
     "AORecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "AutocastKwargs",

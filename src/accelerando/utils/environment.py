@@ -109,3 +109,25 @@ __all__ = [
     "purge_accelerate_environment",
     "str_to_bool",
 ]
+
+
+def get_int_from_env(env_keys: list[str], default: int) -> int:
+    """The first of `env_keys` set to an integer >= 0, else `default` (WORLD_SIZE, LOCAL_RANK, ...)."""
+    for key in env_keys:
+        value = env.raw(key)
+        if value is not None and int(value) >= 0:
+            return int(value)
+    return default
+
+
+def parse_choice_from_env(key: str, default: str = "no") -> str:
+    """The raw value of `key`, `default` when unset (choices such as ACCELERATE_MIXED_PRECISION)."""
+    value = env.raw(key)
+    return str(default) if value is None else value
+
+
+def are_libraries_initialized(*library_names: str) -> list[str]:
+    """Those of `library_names` already imported in this process (a launcher checks before forking)."""
+    import sys
+
+    return [name for name in library_names if name in sys.modules]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from functools import cache
 from typing import Any
@@ -149,3 +150,193 @@ def is_hpu_available(init_hccl: bool = False) -> bool:
         importlib.import_module("habana_frameworks.torch.distributed.hccl")
     hpu = getattr(torch, "hpu", None)
     return hpu is not None and bool(hpu.is_available())
+
+
+def _installed(module: str, distribution: str | None = None) -> bool:
+    """Importable and installed as a distribution (what Accelerate's probes check: a stray folder
+    of that name on the path is not the package)."""
+    if not _has(module):
+        return False
+    names = [distribution] if distribution else [module, module.replace("_", "-")]
+    for name in names:
+        try:
+            importlib.metadata.version(name)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return False
+
+
+def _package_probe(module: str, distribution: str | None = None) -> Any:
+    """An `is_<package>_available()` with Accelerate's name: whether the package is installed."""
+
+    def probe() -> bool:
+        return _installed(module, distribution)
+
+    probe.__doc__ = f"Whether `{module}` is installed."
+    return probe
+
+
+is_peft_available = _package_probe("peft")
+is_timm_available = _package_probe("timm")
+is_torchvision_available = _package_probe("torchvision")
+is_pandas_available = _package_probe("pandas")
+is_matplotlib_available = _package_probe("matplotlib")
+is_boto3_available = _package_probe("boto3")
+is_schedulefree_available = _package_probe("schedulefree")
+is_lomo_available = _package_probe("lomo_optim")
+is_torchdata_available = _package_probe("torchdata")
+is_sagemaker_available = _package_probe("sagemaker")
+is_import_timer_available = _package_probe("import_timer")
+is_amdsmi_available = _package_probe("amdsmi")
+
+
+def is_pynvml_available() -> bool:
+    return _installed("pynvml") or _installed("pynvml", "nvidia-ml-py")
+
+
+def is_triton_available() -> bool:
+    return _installed("triton", "triton-xpu") if is_xpu_available() else _installed("triton")
+
+
+def is_transformer_engine_available() -> bool:
+    if is_hpu_available():
+        return _installed("intel_transformer_engine", "intel-transformer-engine")
+    return _installed("transformer_engine", "transformer-engine")
+
+
+def is_bnb_available(min_version: str | None = None) -> bool:
+    """Whether bitsandbytes is installed (at `min_version` or later, when given)."""
+    if not _installed("bitsandbytes"):
+        return False
+    if min_version is None:
+        return True
+    from packaging.version import Version
+
+    return Version(importlib.metadata.version("bitsandbytes")) >= Version(min_version)
+
+
+def is_4bit_bnb_available() -> bool:
+    return is_bnb_available("0.39.0")
+
+
+def is_8bit_bnb_available() -> bool:
+    return is_bnb_available("0.37.2")
+
+
+def is_rocm_available() -> bool:
+    return torch.version.hip is not None and get_device("cuda").is_available()
+
+
+def is_xccl_available() -> bool:
+    return bool(torch.distributed.is_available() and torch.distributed.distributed_c10d.is_xccl_available())
+
+
+def _vendor_device(module: str, device: str, check_device: bool) -> bool:
+    """A vendor backend (torch_musa, torch_sdaa, torch_neuronx): installed, and with
+    `check_device` also seeing a device (accelerando has no backend for these yet)."""
+    if not _has(module):
+        return False
+    importlib.import_module(module)
+    if not check_device:
+        return True
+    mod = getattr(torch, device, None)
+    try:
+        return mod is not None and mod.device_count() > 0
+    except RuntimeError:
+        return False
+
+
+def is_musa_available(check_device: bool = False) -> bool:
+    return _vendor_device("torch_musa", "musa", check_device)
+
+
+def is_sdaa_available(check_device: bool = False) -> bool:
+    return _vendor_device("torch_sdaa", "sdaa", check_device)
+
+
+def is_neuron_available(check_device: bool = False) -> bool:
+    return _vendor_device("torch_neuronx", "neuron", check_device)
+
+
+def is_megatron_lm_available() -> bool:
+    """False: accelerando has no Megatron-LM integration (README "Not there yet")."""
+    return False
+
+
+def is_habana_gaudi1() -> bool:
+    """Whether the HPU is a first-generation Gaudi (Habana's own device query)."""
+    if not is_hpu_available():
+        return False
+    htexp = importlib.import_module("habana_frameworks.torch.utils.experimental")
+    return bool(htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi)
+
+
+def is_bitsandbytes_multi_backend_available() -> bool:
+    if not is_bnb_available():
+        return False
+    return "multi_backend" in getattr(importlib.import_module("bitsandbytes"), "features", set())
+
+
+def is_transformer_engine_mxfp8_available() -> bool:
+    if not _installed("transformer_engine", "transformer-engine"):
+        return False
+    fp8 = importlib.import_module("transformer_engine.pytorch.fp8")
+    return bool(fp8.check_mxfp8_support()[0])
+
+
+def get_distributed_backend(device_type: str | None) -> str | None:
+    """The torch.distributed backend Accelerate pairs with `device_type`; None when there is none
+    (CPU: accelerando uses gloo there) or XPU without xccl."""
+    from accelerando.utils.constants import TORCH_DISTRIBUTED_BACKENDS
+
+    if device_type == "xpu" and not is_xccl_available():
+        return None
+    return TORCH_DISTRIBUTED_BACKENDS.get(device_type or "")
+
+
+def get_current_device_type() -> tuple[str, str]:
+    """(device type, distributed type name) a launcher would use here, no accelerator initialised."""
+    device_type, _ = get_torch_accelerator_backend(check_available=False)
+    if device_type is None:
+        return "cpu", "NO"
+    if get_distributed_backend(device_type) is None:
+        return device_type, "NO"
+    return device_type, "MULTI_GPU" if device_type == "cuda" else f"MULTI_{device_type.upper()}"
+
+
+def torchao_required(func: Any) -> Any:
+    """Decorator: calling `func` without torchao installed raises an ImportError saying so."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_torchao_available():
+            raise ImportError(f"{func.__qualname__} needs `torchao`: pip install torchao")
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def deepspeed_required(func: Any) -> Any:
+    """Decorator: calling `func` once an Accelerator runs another strategy than DeepSpeed raises."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from accelerando import _runtime
+        from accelerando.utils.dataclasses import DistributedType
+
+        runtime = _runtime.current()
+        if (
+            runtime is not None
+            and runtime.accelerator_ready
+            and runtime.distributed_type != DistributedType.DEEPSPEED
+        ):
+            raise ValueError(
+                f"DeepSpeed is not enabled ({runtime.distributed_type}): {func.__qualname__} needs an Accelerator "
+                "configured for deepspeed"
+            )
+        return func(*args, **kwargs)
+
+    return wrapper

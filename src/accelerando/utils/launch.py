@@ -103,10 +103,59 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     return _process_environment(resolved, device_type)
 
 
+def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str] | None, dict[str, str]]:
+    """(None, environment) as Accelerate returns on one machine: the processes start as for
+    `prepare_multi_gpu_env` (torchrun's agent, `args` gains its settings) with the DeepSpeed
+    options exported. DeepSpeed's own multi-node runners (pdsh, openmpi, ...) are not supported."""
+    launcher = getattr(args, "deepspeed_multinode_launcher", None) or "pdsh"
+    if (getattr(args, "num_machines", None) or 1) > 1 and launcher != "standard":
+        raise ValueError(
+            f"deepspeed_multinode_launcher={launcher!r}: accelerando starts every machine through torchrun; "
+            "use 'standard' and run `accelerando launch --machine_rank R` on each machine"
+        )
+    args.use_deepspeed = True
+    return None, prepare_multi_gpu_env(args)
+
+
+def prepare_tpu(
+    args: argparse.Namespace, current_env: dict[str, str], pod: bool = False
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """Accelerate's TPU additions to an environment: bf16 through XLA's variables (on a TPU),
+    debug mode, and for a pod the `vm`/`tpu` names gcloud takes. accelerando does not launch on
+    TPUs itself (README "Not there yet"); this only prepares the values."""
+    from accelerando.utils.imports import is_torch_xla_available
+
+    if getattr(args, "mixed_precision", None) == "bf16" and is_torch_xla_available(check_is_tpu=True):
+        current_env["XLA_DOWNCAST_BF16" if getattr(args, "downcast_bf16", False) else "XLA_USE_BF16"] = "1"
+    if getattr(args, "debug", False):
+        current_env["ACCELERATE_DEBUG_MODE"] = "true"
+    if pod:
+        args.vm, args.tpu = args.tpu_vm, args.tpu_name
+    return args, current_env
+
+
+def _filter_args(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, default_args: list[str] | None = None
+) -> argparse.Namespace:
+    """`parser`'s defaults (parsed from `default_args`) overridden by the values of `args` it knows:
+    the launcher options dropped before they are handed to another tool's parser."""
+    kept, _ = parser.parse_known_args(list(default_args or []))
+    for key, value in vars(args).items():
+        if hasattr(kept, key):
+            setattr(kept, key, value)
+    return kept
+
+
 def env_var_path_add(env_var_name: str, path_to_add: str) -> str:
     """The variable's `:`-separated path list with `path_to_add` appended (for a child's environment)."""
     paths = [p for p in (env.raw(env_var_name) or "").split(":") if p]
     return ":".join([*paths, path_to_add])
 
 
-__all__ = ["env_var_path_add", "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env"]
+__all__ = [
+    "env_var_path_add",
+    "prepare_deepspeed_cmd_env",
+    "prepare_multi_gpu_env",
+    "prepare_simple_launcher_cmd_env",
+    "prepare_tpu",
+]

@@ -154,3 +154,37 @@ def get_state_dict_from_offload(
 
 
 __all__ += ["get_module_size_with_ties", "get_state_dict_from_offload", "get_state_dict_offloaded_model"]
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether `model`, once out of its DDP / compile wrappers, is a peft `PeftModel`."""
+    from accelerando.utils.imports import is_peft_available
+    from accelerando.utils.other import extract_model_from_parallel
+
+    if not is_peft_available():
+        return False
+    from peft import PeftModel
+
+    return isinstance(extract_model_from_parallel(model), PeftModel)
+
+
+__all__ += ["is_peft_model"]
+
+
+def normalize_device(device: int | str | torch.device) -> int | str | torch.device:
+    """Accelerate's spelling of a device-map value: an integer index names the machine's
+    accelerator (`"xpu:1"`; CUDA keeps the bare integer, an HPU is `"hpu"`), `"npu"` is `"npu:0"`."""
+    from accelerando.utils.imports import get_torch_accelerator_backend
+
+    if device == "npu":
+        return "npu:0"
+    if isinstance(device, int) and not isinstance(device, bool):
+        device_type, _ = get_torch_accelerator_backend(check_available=False)
+        if device_type == "hpu":
+            return "hpu"
+        if device_type not in (None, "cuda"):
+            return f"{device_type}:{device}"
+    return device
+
+
+__all__ += ["normalize_device"]

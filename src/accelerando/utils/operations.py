@@ -29,6 +29,7 @@ from accelerando.ops.tree import (
     send_to_device,
     slice_tensors,
 )
+from accelerando.utils.dataclasses import TensorInformation
 from accelerando.utils.deepspeed import GatheredParameters  # noqa: F401 - Accelerate exports it here
 
 
@@ -140,6 +141,11 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
 
 
 __all__ = [
+    "is_torch_tensor",
+    "is_tensor_information",
+    "initialize_tensors",
+    "ignorant_find_batch_size",
+    "get_data_structure",
     "CannotPadNestedTensorWarning",
     "ConvertOutputsToFp32",
     "DistributedOperationException",
@@ -163,3 +169,34 @@ __all__ = [
     "send_to_device",
     "slice_tensors",
 ]
+
+
+def is_torch_tensor(tensor: Any) -> bool:
+    return isinstance(tensor, torch.Tensor)
+
+
+def is_tensor_information(tensor_info: Any) -> bool:
+    return isinstance(tensor_info, TensorInformation)
+
+
+def get_data_structure(data: Any) -> Any:
+    """The same nest with each tensor replaced by its `TensorInformation` (shape, dtype): what a
+    process needs to allocate the tensors another one will send."""
+    return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
+
+
+def initialize_tensors(data_structure: Any) -> Any:
+    """Empty tensors (torch's default device) shaped as the `TensorInformation`s of a nest."""
+    return recursively_apply(
+        lambda info: torch.empty(info.shape, dtype=info.dtype),
+        data_structure,
+        test_type=is_tensor_information,
+    )
+
+
+def ignorant_find_batch_size(data: Any) -> int | None:
+    """`find_batch_size`, or None where that raises (no tensor in the nest, an empty one)."""
+    try:
+        return find_batch_size(data)
+    except (ValueError, TypeError):
+        return None

@@ -139,3 +139,119 @@ def check_os_kernel() -> None:
             f"{MIN_KERNEL_VERSION}; this can cause the process to hang. It is recommended to upgrade the "
             "kernel to the minimum version or higher."
         )
+
+
+def convert_bytes(size: float) -> str:
+    """`size` bytes in the largest unit under 1024 of it, rounded to 2 places (Accelerate's spelling)."""
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if size < 1024.0:
+            return f"{round(size, 2)} {unit}"
+        size /= 1024.0
+    return f"{round(size, 2)} PB"
+
+
+def merge_dicts(source: dict[Any, Any], destination: dict[Any, Any]) -> dict[Any, Any]:
+    """Merge `source` into `destination` in place, nested dicts key by key; returns `destination`."""
+    for key, value in source.items():
+        if isinstance(value, dict):
+            merge_dicts(value, destination.setdefault(key, {}))
+        else:
+            destination[key] = value
+    return destination
+
+
+def recursive_getattr(obj: Any, attr: str) -> Any:
+    """`obj.a.b.c` for `attr="a.b.c"`."""
+    for name in attr.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def is_compiled_module(module: Any) -> bool:
+    """Whether `module` is the wrapper `torch.compile` returns."""
+    return _compiled(module)
+
+
+def has_compiled_regions(module: torch.nn.Module) -> bool:
+    """Whether a submodule (or the module, when it has children) was compiled on its own."""
+    return bool(module._modules) and any(_compiled(m) for m in module.modules())
+
+
+def model_has_dtensor(model: torch.nn.Module) -> bool:
+    """Whether any parameter is a DTensor (FSDP2 / tensor parallelism)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def is_port_in_use(port: int | None = None) -> bool:
+    """Whether something listens on `localhost:port` (29500, torch's default, when not given)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex(("localhost", 29500 if port is None else port)) == 0
+
+
+def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = False) -> list[Any]:
+    """Every module, each listed after all of its descendants, `model` last (the order FSDP2 wraps
+    in); with `return_fqns`, (qualified name, module) pairs. Same order as Accelerate's."""
+    order: list[tuple[str, torch.nn.Module]] = []
+    stack: list[tuple[str, torch.nn.Module]] = [("", model)]
+    while stack:  # pre-order with the last child first; its reverse lists children before parents
+        name, module = stack.pop()
+        order.append((name, module))
+        stack += [(f"{name}.{child}" if name else child, m) for child, m in module.named_children()]
+    order.reverse()
+    return order if return_fqns else [m for _, m in order]
+
+
+def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Keep one name per shared storage (safetensors refuses aliases) with a warning naming the
+    dropped ones, and make every tensor contiguous. `state_dict` loses the dropped keys too."""
+    from accelerando.big_model.sizes import id_tensor_storage
+
+    first: dict[Any, str] = {}
+    dropped = []
+    for name, tensor in list(state_dict.items()):
+        if isinstance(tensor, torch.Tensor):
+            key = id_tensor_storage(tensor)
+            if key in first:
+                dropped.append(name)
+                del state_dict[name]
+            else:
+                first[key] = name
+    if dropped:
+        logger.warning(
+            "Removed shared tensor %s while saving. This should be OK, but check by verifying that you "
+            "don't receive any warning while reloading",
+            set(dropped),
+        )
+    return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state_dict.items()}
+
+
+def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+    """`torch.load` with `weights_only=True` unless asked otherwise, also accepting the numpy
+    arrays and dtypes that saved RNG states hold (Accelerate's drop-in for its checkpoints)."""
+    import codecs
+
+    import numpy as np
+
+    kwargs.setdefault("weights_only", True)
+    core = np._core if hasattr(np, "_core") else np.core
+    extra: list[Any] = [np.ndarray, np.dtype, core.multiarray._reconstruct, codecs.encode]
+    extra += [t for t in vars(getattr(np, "dtypes", object)).values() if isinstance(t, type)]
+    with torch.serialization.safe_globals(extra):
+        return torch.load(f, map_location=map_location, **kwargs)
+
+
+def get_model_tp_size(model: torch.nn.Module) -> int | None:
+    """The tensor-parallel degree a transformers model was sharded with (`model.tp_size` before
+    transformers 5, its config's `distributed_config` since), None when it was not."""
+    tp_size = getattr(model, "tp_size", None)
+    if tp_size is not None:
+        return int(tp_size)
+    config = getattr(getattr(model, "config", None), "distributed_config", None)
+    value = config.get("tp_size") if isinstance(config, dict) else getattr(config, "tp_size", None)
+    return None if value is None else int(value)

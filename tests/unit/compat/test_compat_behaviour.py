@@ -172,3 +172,18 @@ def test_local_sgd_is_a_no_op_on_one_process_and_validates_its_steps(accelerator
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     with pytest.raises(ValueError, match="local_sgd_steps must be an integer >= 1, got 0"):
         LocalSGD(accelerator, model, local_sgd_steps=0)
+
+
+@pytest.mark.parametrize("lib", ["accelerate", "accelerando"])
+def test_gradient_state_reset_starts_accumulation_afresh_like_accelerate(lib):
+    import importlib
+
+    state = importlib.import_module(f"{lib}.state")
+    plugin = importlib.import_module(f"{lib}.utils").GradientAccumulationPlugin(num_steps=4)
+    first = state.GradientState(plugin)
+    first._set_sync_gradients(False)
+    assert (first.num_steps, first.sync_gradients) == (4, False)
+    state.GradientState._reset_state()
+    fresh = state.GradientState()
+    assert (fresh.num_steps, fresh.sync_gradients, fresh.active_dataloader) == (1, True, None)
+    assert fresh.initialized

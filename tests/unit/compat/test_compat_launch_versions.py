@@ -111,6 +111,45 @@ def test_env_var_path_add(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+@pytest.mark.filterwarnings("ignore:no accelerator found")
+def test_deepspeed_environment_exports_the_same_zero_settings_as_accelerate() -> None:
+    args = _accelerate_args(
+        ["--use_deepspeed", "--num_processes", "2", "--zero_stage", "2", "--gradient_accumulation_steps", "4",
+         "--offload_optimizer_device", "cpu", "t.py"]
+    )  # fmt: skip
+    args.deepspeed_fields_from_accelerate_config = []  # `accelerate launch` sets it before the call
+    their_cmd, their_env = their_launch.prepare_deepspeed_cmd_env(copy.deepcopy(args))
+    ours = copy.deepcopy(args)
+    our_cmd, our_env = our_launch.prepare_deepspeed_cmd_env(ours)
+    assert our_cmd is their_cmd is None and ours.nproc_per_node == "2"
+    for key in ("USE_DEEPSPEED", "DEEPSPEED_ZERO_STAGE", "GRADIENT_ACCUMULATION_STEPS",
+                "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"):  # fmt: skip
+        assert our_env[env.PREFIX + key] == their_env["ACCELERATE_" + key], key
+    multinode = argparse.Namespace(
+        **{**vars(args), "num_machines": 2, "deepspeed_multinode_launcher": "pdsh"}
+    )
+    with pytest.raises(ValueError, match="deepspeed_multinode_launcher='pdsh'"):
+        our_launch.prepare_deepspeed_cmd_env(multinode)
+
+
+@pytest.mark.parametrize("pod", [False, True])
+def test_prepare_tpu_and_filter_args_equal_accelerates(pod: bool) -> None:
+    args = argparse.Namespace(
+        mixed_precision="bf16", downcast_bf16=True, debug=True, tpu_vm=["v"], tpu_name="n"
+    )
+    mine = our_launch.prepare_tpu(copy.deepcopy(args), {"A": "1"}, pod=pod)
+    reference = their_launch.prepare_tpu(copy.deepcopy(args), {"A": "1"}, pod=pod)
+    assert (vars(mine[0]), mine[1]) == (vars(reference[0]), reference[1])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--name", default="x")
+    given = argparse.Namespace(lr=2.0, num_processes=4)
+    for defaults in ([], ["--name", "y"]):
+        assert our_launch._filter_args(given, parser, defaults) == their_launch._filter_args(
+            given, parser, defaults
+        )
+
+
 # ---- FP8RecipeKwargs: removed from Accelerate after 1.0; its 1.0 behaviour is the specification ----
 
 

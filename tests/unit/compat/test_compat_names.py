@@ -98,3 +98,34 @@ def test_fp8_recipe_kwargs_kept_for_accelerate_1_0_code() -> None:
 
     assert FP8RecipeKwargs is same
     assert not hasattr(accelerate.utils, "FP8RecipeKwargs")
+
+
+def test_every_accelerate_name_transformers_and_peft_import_exists_here() -> None:
+    """Scan the installed transformers and peft for `from accelerate[.x] import y` (absolute
+    imports only) and find each `y` at the same path under accelerando."""
+    import ast
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    missing, seen = [], 0
+    for package in ("transformers", "peft"):
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            continue
+        for path in Path(spec.origin).parent.rglob("*.py"):
+            text = path.read_text(errors="ignore")
+            if "from accelerate" not in text:
+                continue
+            for node in ast.walk(ast.parse(text)):
+                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                    continue
+                if node.module != "accelerate" and not node.module.startswith("accelerate."):
+                    continue
+                ours = importlib.import_module("accelerando" + node.module[len("accelerate") :])
+                for alias in node.names:
+                    seen += 1
+                    if not hasattr(ours, alias.name):
+                        missing.append(f"{path.name}: from {node.module} import {alias.name}")
+    assert not missing, missing
+    assert seen > 50 or importlib.util.find_spec("transformers") is None

@@ -263,3 +263,19 @@ def test_save_state_and_load_state_restore_the_generator_order(tmp_path) -> None
     epochs(loader, 1)
     acc.load_state(str(tmp_path / "ckpt"))
     assert [b.tolist() for b in loader] == rest and epochs(loader, 1) == later
+
+
+def test_rng_types_are_kept_on_the_shard_loader_and_a_device_not_here_is_refused_early() -> None:
+    """Accelerate keeps `rng_types` on the shard and synchronises them at each pass start (the
+    2-rank side is in tests/unit/compat/scripts/compat_two_ranks.py).
+    A device RNG this machine lacks fails at the first pass there (an assertion, once an
+    Accelerator exists), at prepare here."""
+    from accelerando.utils import RNGType
+
+    dl = DataLoader(DATA, batch_size=4)
+    mine = prepare_data_loader(dl, num_processes=1, process_index=0, rng_types=[RNGType.TORCH])
+    reference = theirs.prepare_data_loader(dl, num_processes=1, process_index=0, rng_types=["torch"])
+    assert mine.rng_types == reference.rng_types == ["torch"]
+    assert epochs(mine, 1) == epochs(their(dl), 1)
+    with pytest.raises(ValueError, match=r"rng_types=\['cuda'\]: accepted are \['generator', 'torch'\]"):
+        prepare_data_loader(dl, num_processes=1, process_index=0, rng_types=["cuda"])

@@ -1,14 +1,18 @@
 """Run on 2 ranks: copy_tensor_to_devices, save (main process only), nested-tensor padding, debug
-mode's shape check, save_state refusing per-rank directories."""
+mode's shape check, save_state refusing per-rank directories, rng_types synchronisation at each
+pass start of a prepared loader."""
 
 import sys
 import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
 
 from accelerando import Accelerator
 from accelerando.checkpoint.atomic import CheckpointError
+from accelerando.data import prepare_data_loader
 from accelerando.state import PartialState
 from accelerando.utils import (
     CannotPadNestedTensorWarning,
@@ -70,4 +74,26 @@ else:
     raise AssertionError("differing save_state directories accepted")
 assert not (folder / "ckpt_rank0").exists()
 state.wait_for_everyone()
+
+
+# rng_types (Accelerate's): a shard loader gives every rank rank 0's torch RNG state at each pass
+# start; without "torch" in them the ranks' global RNGs stay their own.
+def ranks_draw_alike() -> bool:
+    draws = torch.rand(3)
+    both = [torch.zeros(3), torch.zeros(3)]
+    dist.all_gather(both, draws)
+    return torch.equal(both[0], both[1])
+
+
+for rng_types, synced in ((None, False), (["generator"], False), (["torch"], True)):
+    loader = prepare_data_loader(DataLoader(list(range(8)), batch_size=2), rng_types=rng_types)
+    for _pass in range(2):  # every pass start synchronises, not only the first
+        torch.manual_seed(100 + rank)
+        assert len(list(loader)) == 2
+        assert ranks_draw_alike() is synced, (rng_types, _pass)
+accelerator_loader = accelerator.prepare(DataLoader(list(range(8)), batch_size=2))
+assert accelerator_loader.rng_types == ["generator"], accelerator_loader.rng_types  # Accelerate's default
+torch.manual_seed(100 + rank)
+list(accelerator_loader)
+assert not ranks_draw_alike()
 print(f"compat checks passed on rank {rank}")
