@@ -88,7 +88,8 @@ def test_killed_rank_restarts_resumes_and_ends_bit_identical(tmp_path: Path, mod
             str(tmp_path / "project"), str(kill_at), mode]  # fmt: skip
     proc = run_cli(args, clean_env(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert "will restart worker group" in proc.stderr
+    notice = next(line for line in proc.stderr.splitlines() if "will restart worker group" in line)
+    assert "rank 1 (local rank 1" in notice and "killed by signal SIGKILL (not sent" in notice, notice
     assert f"RESUMED at step {resumed_at} " in proc.stdout, proc.stdout
     assert "FINISHED 24 steps" in proc.stdout and "BIT-IDENTICAL" in proc.stdout, proc.stdout
     if mode == "async":

@@ -353,6 +353,11 @@ class Checkpointer:
 
         return model_io.get_state_dict(self.strategy, model, unwrap=unwrap)
 
+    @property
+    def save_in_progress(self) -> bool:
+        """An asynchronous save is still writing in the background."""
+        return self._pending is not None and not self._pending.done()
+
     def wait(self) -> None:
         """Wait for a pending asynchronous save; its failure is raised here, naming the checkpoint."""
         pending, self._pending = self._pending, None
