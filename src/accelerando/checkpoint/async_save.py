@@ -32,31 +32,58 @@ from accelerando.checkpoint.atomic import CheckpointError, StagedCheckpoint
 SUPPORTED_FORMATS = ("full", "sharded")  # StateIO names whose save goes through the stage only
 
 
-def host_copy(obj: Any) -> Any:
-    """A copy of a state tree whose tensors live in fresh host memory (nothing shared with training)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: host_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [host_copy(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(host_copy(v) for v in obj)
-    return copy.deepcopy(obj)
+class HostBuffers:
+    """Host copies of state trees, into buffers kept from one asynchronous save to the next.
+
+    Why: fresh host memory costs a page fault per page on first touch, which made the copy several
+    times slower than the memory bandwidth allows; the second and later saves copy into the same
+    buffers. Safe because a save starts only after the previous one finished writing (`wait`).
+    The price: the buffers stay allocated between saves (see docs/checkpointing.md).
+    """
+
+    def __init__(self) -> None:
+        self._store: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.stagers: dict[str, Any] = {}  # DCP's stagers, one per sharded folder
+
+    def copy(self, obj: Any, key: tuple[Any, ...] = ()) -> Any:
+        """A copy of `obj` whose tensors share nothing with training."""
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj.detach(), key)
+        if isinstance(obj, dict):
+            return {k: self.copy(v, (*key, k)) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            items = [self.copy(v, (*key, i)) for i, v in enumerate(obj)]
+            return items if isinstance(obj, list) else tuple(items)
+        return copy.deepcopy(obj)
+
+    def _tensor(self, src: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor:
+        buf = self._store.get(key)
+        plain = type(src) is torch.Tensor
+        if (
+            plain
+            and buf is not None
+            and (buf.shape, buf.stride(), buf.dtype) == (src.shape, src.stride(), src.dtype)
+        ):
+            return buf.copy_(src)
+        out = src.to("cpu", copy=True)
+        if plain:
+            self._store[key] = out
+        return out
 
 
 class DeferredStage(StagedCheckpoint):
     """A staging directory whose writes are copied now and performed later, in order, by `flush`."""
 
-    def __init__(self, target: str | Path, *, is_writer: bool, group: Any) -> None:
+    def __init__(self, target: str | Path, *, is_writer: bool, group: Any, buffers: HostBuffers) -> None:
         super().__init__(target, is_writer=is_writer)
         self.group = group
+        self.buffers = buffers
         self._queue: list[Callable[[], None]] = []
         self.host_bytes = 0  # what the snapshot holds in host memory (reported in the docs' terms)
 
     def write(self, name: str, content: Any) -> None:
         if not callable(content):
-            content = host_copy(content)
+            content = self.buffers.copy(content, (name,))
             self.host_bytes += _tensor_bytes(content)
         # a callable writer holds host copies already (the checkpointer copies the weights it writes)
         self._queue.append(lambda: StagedCheckpoint.write(self, name, content))
@@ -67,11 +94,10 @@ class DeferredStage(StagedCheckpoint):
     def save_sharded(self, subdir: str, state: dict[str, Any], mine: Callable[[str], bool]) -> None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        stager = DefaultStager(StagingOptions(False, False, False, False))  # a plain synchronous copy
-        try:
-            staged = stager.stage(state)
-        finally:
-            stager.close()
+        stagers = self.buffers.stagers
+        if subdir not in stagers:  # a DefaultStager keeps its host copy for the next save, like ours
+            stagers[subdir] = DefaultStager(StagingOptions(False, False, False, False))  # synchronous
+        staged = stagers[subdir].stage(state)
         self.host_bytes += _tensor_bytes(staged)
 
         def run() -> None:

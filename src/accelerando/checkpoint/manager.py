@@ -50,6 +50,7 @@ class Checkpointer:
         self._save_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._load_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._pending: Any = None  # the asynchronous save still writing (async_save.PendingSave)
+        self._host_buffers: Any = None  # async_save.HostBuffers, made by the first async save
 
     # ---- hooks -----------------------------------------------------------------------------
     def register_save_state_pre_hook(self, hook: Callable) -> RemovableHandle:
@@ -139,9 +140,7 @@ class Checkpointer:
             for hook in list(self._save_hooks.values()):
                 hook(models, weights, str(stage.path))
             if async_save:
-                from accelerando.checkpoint.async_save import host_copy
-
-                weights = host_copy(weights)
+                weights = self._host_buffers.copy(weights, ("weights",))
             self._write_all(stage, layout, state_io, models, weights)
         except BaseException as err:  # noqa: BLE001 - every rank must learn of the failure first
             error = err
@@ -173,7 +172,12 @@ class Checkpointer:
     def _stage(self, target: Path, state_format: str, async_save: bool) -> atomic.StagedCheckpoint:
         if not async_save:
             return atomic.StagedCheckpoint(target, is_writer=self._is_writer)
-        from accelerando.checkpoint.async_save import SUPPORTED_FORMATS, DeferredStage, checkpoint_group
+        from accelerando.checkpoint.async_save import (
+            SUPPORTED_FORMATS,
+            DeferredStage,
+            HostBuffers,
+            checkpoint_group,
+        )
 
         if state_format not in SUPPORTED_FORMATS:
             raise ValueError(
@@ -182,7 +186,10 @@ class Checkpointer:
                 f"the {' and '.join(SUPPORTED_FORMATS)} state formats (single device, DDP, FSDP2, "
                 "tensor parallel). Use save_state(async_save=False)"
             )
-        return DeferredStage(target, is_writer=self._is_writer, group=checkpoint_group())
+        if self._host_buffers is None:
+            self._host_buffers = HostBuffers()
+        group = checkpoint_group()
+        return DeferredStage(target, is_writer=self._is_writer, group=group, buffers=self._host_buffers)
 
     def _write_all(
         self,
