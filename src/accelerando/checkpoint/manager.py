@@ -118,6 +118,8 @@ class Checkpointer:
                 f"save_state got unsupported arguments {sorted(kwargs)}; accepted: output_dir, "
                 "safe_serialization, async_save"
             )
+        if not isinstance(async_save, bool):
+            raise TypeError(f"save_state(async_save={async_save!r}): accepted values are True and False")
         self.wait()
         target, root = self._resolve_output_dir(output_dir)
         limit = self.project.total_limit

@@ -47,3 +47,8 @@ def test_async_refused_for_engine_formats(setup: Setup, tmp_path: Path, monkeypa
     with pytest.raises(ValueError, match="async_save=True.*not supported.*'deepspeed'"):
         setup.acc.save_state(str(tmp_path / "x"), async_save=True)
     assert not any(tmp_path.iterdir())  # refused before anything was staged
+
+
+def test_async_save_must_be_a_bool(setup: Setup, tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="async_save='yes'.*True and False"):
+        setup.acc.save_state(str(tmp_path / "x"), async_save="yes")
