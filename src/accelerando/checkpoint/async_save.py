@@ -89,6 +89,8 @@ class DeferredStage(StagedCheckpoint):
         self._queue.append(lambda: StagedCheckpoint.write(self, name, content))
 
     def track(self, name: str) -> None:
+        # Also reached from a queued write or DCP save while `flush` runs: the flush and hash then
+        # join the end of the queue and run in the same flush, after the file is complete.
         self._queue.append(lambda: StagedCheckpoint.track(self, name))
 
     def save_sharded(self, subdir: str, state: dict[str, Any], mine: Callable[[str], bool]) -> None:
