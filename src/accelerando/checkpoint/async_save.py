@@ -84,7 +84,7 @@ class DeferredStage(StagedCheckpoint):
     def write(self, name: str, content: Any) -> None:
         if not callable(content):
             content = self.buffers.copy(content, (name,))
-            self.host_bytes += _tensor_bytes(content)
+            self.host_bytes += tensor_bytes(content)
         # a callable writer holds host copies already (the checkpointer copies the weights it writes)
         self._queue.append(lambda: StagedCheckpoint.write(self, name, content))
 
@@ -100,7 +100,7 @@ class DeferredStage(StagedCheckpoint):
         if subdir not in stagers:  # a DefaultStager keeps its host copy for the next save, like ours
             stagers[subdir] = DefaultStager(StagingOptions(False, False, False, False))  # synchronous
         staged = stagers[subdir].stage(state)
-        self.host_bytes += _tensor_bytes(staged)
+        self.host_bytes += tensor_bytes(staged)
 
         def run() -> None:
             import torch.distributed.checkpoint as dcp
@@ -116,14 +116,14 @@ class DeferredStage(StagedCheckpoint):
             self._queue.pop(0)()
 
 
-def _tensor_bytes(obj: Any) -> int:
+def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, torch.Tensor):
         local = getattr(obj, "_local_tensor", obj)  # a DTensor holds this rank's shard
         return int(local.numel() * local.element_size())
     if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
+        return sum(tensor_bytes(v) for v in obj.values())
     if isinstance(obj, list | tuple):
-        return sum(_tensor_bytes(v) for v in obj)
+        return sum(tensor_bytes(v) for v in obj)
     return 0
 
 

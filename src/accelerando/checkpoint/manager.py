@@ -155,10 +155,12 @@ class Checkpointer:
             )
         extra = {"layout": layout.describe()}
         if async_save:
-            from accelerando.checkpoint.async_save import DeferredStage, PendingSave
+            from accelerando.checkpoint.async_save import DeferredStage, PendingSave, tensor_bytes
 
             assert isinstance(stage, DeferredStage)
+            stage.host_bytes += tensor_bytes(weights)
             world = self.topology.world_size
+            logger.debug("asynchronous save of %s: %d bytes copied to host memory", target, stage.host_bytes)
             self._pending = PendingSave(stage, world_size=world, extra=extra, root=root, limit=limit)
             if root is not None:
                 self.project.iteration += 1

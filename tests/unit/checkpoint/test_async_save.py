@@ -52,3 +52,13 @@ def test_async_refused_for_engine_formats(setup: Setup, tmp_path: Path, monkeypa
 def test_async_save_must_be_a_bool(setup: Setup, tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="async_save='yes'.*True and False"):
         setup.acc.save_state(str(tmp_path / "x"), async_save="yes")
+
+
+def test_host_memory_of_the_snapshot(setup: Setup, tmp_path: Path) -> None:
+    """What docs/checkpointing.md states: the weights plus AdamW's two moments, plus small state."""
+    setup.step()
+    setup.acc.save_state(str(tmp_path / "a"), async_save=True)
+    held = setup.acc._checkpointer()._pending.stage.host_bytes
+    setup.acc.end_training()
+    weights = sum(p.numel() * p.element_size() for p in setup.model.parameters())
+    assert 3 * weights <= held < 3 * weights + 64 * 1024, (held, weights)
