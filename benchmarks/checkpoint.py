@@ -2,7 +2,12 @@
 
 Every save is timed until its bytes are on the disk (fsync), so the numbers compare like with like.
 Run: `.venv/bin/python benchmarks/checkpoint.py` (~1 GB model + AdamW state, about 3 GB per save)
-or `--small` (~64 MB model) for a quick check. Accelerate is measured too when it is importable.
+or `--small` (~64 MB model) for a quick check, `--size-mb N` for another size. Accelerate is measured
+too when it is importable.
+
+The asynchronous rows (`save_state(async_save=True)`) time what training notices: the stall (the
+call until it returns: the copy to host memory) next to the synchronous save's time, and training
+steps/s while the background write runs next to steps/s with no save going on.
 """
 
 from __future__ import annotations
@@ -116,6 +121,58 @@ def ours(work: Path, acc: Accelerator, verify: str) -> tuple[float, float, int]:
     return save_s, load_s, dir_bytes(target)
 
 
+def train_step(acc: Accelerator, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    acc.backward(model(x).pow(2).mean())
+    opt.step()
+    opt.zero_grad()
+
+
+def steps_per_s(run: Callable[[], None], n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        run()
+    return n / (time.perf_counter() - start)
+
+
+def async_rows(
+    work: Path, acc: Accelerator, model: torch.nn.Module, opt: torch.optim.Optimizer, width: int
+) -> dict[str, float]:
+    """Synchronous save time, then the asynchronous save's stall and the training beside it."""
+    x = torch.randn(8, width)
+    step = lambda: train_step(acc, model, opt, x)  # noqa: E731
+    step()  # warm
+    target = work / "ours_async" / "ck"
+    shutil.rmtree(target.parent, ignore_errors=True)
+    sync_s = timed(lambda: acc.save_state(str(target.parent / "sync")))
+    idle = steps_per_s(step, 3)
+    checkpointer = acc._checkpointer()  # the Accelerator's checkpointer: is the write still going?
+    os.sync()
+    start = time.perf_counter()
+    acc.save_state(str(target.parent / "first"), async_save=True)  # allocates the host buffers
+    first = time.perf_counter() - start
+    checkpointer.wait()
+    os.sync()
+    start = time.perf_counter()
+    acc.save_state(str(target), async_save=True)  # copies into them
+    stall = time.perf_counter() - start
+    steps, t0 = 0, time.perf_counter()
+    while checkpointer.save_in_progress:
+        step()
+        steps += 1
+    during = steps / (time.perf_counter() - t0) if steps else float("nan")
+    checkpointer.wait()
+    written = time.perf_counter() - start
+    return {
+        "sync": sync_s,
+        "first": first,
+        "stall": stall,
+        "written": written,
+        "idle": idle,
+        "during": during,
+        "steps": steps,
+    }
+
+
 def accelerate_run(
     work: Path, model: torch.nn.Module, opt: torch.optim.Optimizer
 ) -> tuple[float, float, int] | None:
@@ -135,15 +192,20 @@ def accelerate_run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--small", action="store_true", help="~64 MB model instead of ~1 GB")
+    parser.add_argument("--size-mb", type=int, default=None, help="model weights in MiB (overrides --small)")
+    parser.add_argument("--async-only", action="store_true", help="only the asynchronous save rows")
     parser.add_argument("--dir", default=None, help="scratch directory on the disk to measure")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every row; the best one counts")
     args = parser.parse_args()
-    size = 64 * 2**20 if args.small else 2**30
+    size = args.size_mb * 2**20 if args.size_mb else 64 * 2**20 if args.small else 2**30
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     try:
         model, opt = build(size)
         acc = Accelerator(cpu=True)
         model, opt = acc.prepare(model, opt)
+        report_async(work, acc, model, opt)
+        if args.async_only:
+            return
         disk = disk_write(work / "dd.bin", size)
         best: dict[str, tuple[float, float, int]] = {}
         for _ in range(args.rounds):  # every row gets the same treatment; the best round counts
@@ -173,6 +235,26 @@ def main() -> None:
         print(f"atomic + manifest overhead vs the same files written raw: {rows[2][1] / base - 1:+.1%}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def report_async(work: Path, acc: Accelerator, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    width = next(model.parameters()).shape[1]
+    r = async_rows(work, acc, model, opt, width)
+    nbytes = dir_bytes(work / "ours_async" / "ck")
+    print(f"checkpoint {nbytes / 1e9:.2f} GB; training step: batch 8 through the model, AdamW")
+    print(f"synchronous save_state (synced)               {r['sync']:7.2f} s")
+    print(
+        f"save_state(async_save=True): first one's stall {r['first']:7.2f} s "
+        f"({r['first'] / r['sync']:.0%} of the synchronous save; it allocates the host buffers)"
+    )
+    print(
+        f"save_state(async_save=True): later stalls      {r['stall']:7.2f} s "
+        f"({r['stall'] / r['sync']:.0%} of the synchronous save)"
+    )
+    print(f"  until the background write was published    {r['written']:7.2f} s")
+    print(f"training steps/s, no save running              {r['idle']:7.2f}")
+    print(f"training steps/s during the background write   {r['during']:7.2f} ({int(r['steps'])} steps)")
+    shutil.rmtree(work / "ours_async", ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -517,6 +517,7 @@ class Accelerator(ConfigViews, MeshViews):
     def end_training(self) -> None:
         """Tear the process group down together, then finish this rank's trackers (no rank waits on
         another's); a tracker that failed, here or in `log`, raises TrackerError."""
+        self._checkpointer().wait()  # a pending asynchronous save finishes (or raises) first
         self.wait_for_everyone()
         self.state.destroy_process_group()
         if (error := self._tracking.finish()) is not None:

@@ -32,6 +32,7 @@ ALL_LAUNCHES: list[tuple[str, tuple[str, ...], int, dict[str, str]]] = [
     ("data_modes.py", ("{work}",), 2, {}),
     ("data_resume.py", ("{work}",), 2, {}),
     ("ckpt_failures.py", ("raise", "{work}"), 2, {}),
+    ("ckpt_async.py", ("{work}",), 2, {}),
     ("ckpt_resume.py", ("ab", "{work}"), 2, {}),
     ("ckpt_resume.py", ("one", "{work}"), 1, {}),
     ("ckpt_resume.py", ("c", "{work}"), 2, {}),

@@ -69,17 +69,29 @@ def test_sigkill_of_the_launcher_leaves_no_orphan_workers(tmp_path: Path, no_pyt
             launcher.kill()
 
 
-def test_killed_rank_restarts_resumes_and_ends_bit_identical(tmp_path: Path) -> None:
-    """Rank 1 is SIGKILLed at a seeded step between two checkpoints; `--max_restarts 1` restarts the
-    group, `load_state()` resumes from the newest checkpoint (the loader skips what was trained), and
-    the final weights equal those of an uninterrupted run of the same loop bit for bit (the script
-    trains that reference afterwards in the same processes: one launch instead of two)."""
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_killed_rank_restarts_resumes_and_ends_bit_identical(tmp_path: Path, mode: str) -> None:
+    """Rank 1 is SIGKILLed at a seeded step between two checkpoints (`sync`), or during the background
+    write of an asynchronous save (`async`); `--max_restarts 1` restarts the group, `load_state()`
+    resumes from the newest complete checkpoint (the loader skips what was trained, a partial one is
+    removed), and the final weights equal those of an uninterrupted run of the same loop bit for bit
+    (the script trains that reference afterwards in the same processes: one launch instead of two)."""
     every, total = 4, 24  # cli_resume.py: a checkpoint every 4 steps, 24 steps in all
-    kill_at = random.Random(25).choice([s for s in range(every + 1, total) if s % every])
+    rng = random.Random(25)
+    if mode == "sync":
+        kill_at = rng.choice([s for s in range(every + 1, total) if s % every])
+        resumed_at = kill_at // every * every
+    else:  # the save at step kill_at dies half-written: the resume is from the one before it
+        kill_at = rng.choice(range(2 * every, total, every))
+        resumed_at = kill_at - every
     args = ["launch", "-q", "--cpu", "--num_processes", "2", "--max_restarts", "1", "cli_resume.py",
-            str(tmp_path / "project"), str(kill_at)]  # fmt: skip
+            str(tmp_path / "project"), str(kill_at), mode]  # fmt: skip
     proc = run_cli(args, clean_env(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert "will restart worker group" in proc.stderr
-    assert f"RESUMED at step {kill_at // every * every} " in proc.stdout, proc.stdout
+    notice = next(line for line in proc.stderr.splitlines() if "will restart worker group" in line)
+    assert "rank 1 (local rank 1" in notice and "killed by signal SIGKILL (not sent" in notice, notice
+    assert f"RESUMED at step {resumed_at} " in proc.stdout, proc.stdout
     assert "FINISHED 24 steps" in proc.stdout and "BIT-IDENTICAL" in proc.stdout, proc.stdout
+    if mode == "async":
+        assert f".checkpoint_{kill_at // every - 1}.incomplete" in proc.stderr  # the removal warning
+    assert not list((tmp_path / "project" / "checkpoints").glob(".*"))  # nothing half-written remains

@@ -93,22 +93,24 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def barrier() -> None:
+# `group`: None is the default group; an asynchronous save finishes on a group of its own, so its
+# background thread never interleaves with the training loop's collectives.
+def barrier(group: Any = None) -> None:
     if _distributed():
-        dist.barrier()
+        dist.barrier(group=group)
 
 
-def all_gather_object(obj: Any) -> list[Any]:
+def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
     if not _distributed():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
-def any_rank(flag: bool) -> bool:
+def any_rank(flag: bool, group: Any = None) -> bool:
     """True on every rank when `flag` is true on at least one (keeps ranks in step after a failure)."""
-    return any(all_gather_object(bool(flag)))
+    return any(all_gather_object(bool(flag), group))
 
 
 # ---- staging ----------------------------------------------------------------------------------
@@ -128,6 +130,7 @@ class StagedCheckpoint:
         self.target = Path(target).absolute()
         self.path = staging_path(self.target)
         self.is_writer = is_writer
+        self.group: Any = None  # the process group publish and abort synchronise on
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-flush")
         self._pending: dict[str, Future[FileRecord]] = {}
 
@@ -170,6 +173,13 @@ class StagedCheckpoint:
         """Record a file that some other code (DCP, a user hook) wrote into the staging directory."""
         self._pending[name] = self._pool.submit(_flush_and_record, self.path / name)
 
+    def save_sharded(self, subdir: str, state: dict[str, Any], mine: Callable[[str], bool]) -> None:
+        """DCP writes this rank's shards of `state` into `subdir`; the files `mine` accepts are tracked."""
+        from accelerando.checkpoint.state_dict import save_sharded
+
+        save_sharded(self.path / subdir, state)
+        self.track_tree(subdir, mine)
+
     def track_tree(self, subdir: str, predicate: Callable[[str], bool] = lambda _: True) -> None:
         for root, _, files in os.walk(self.path / subdir):
             for fname in files:
@@ -191,7 +201,7 @@ class StagedCheckpoint:
         except Exception as err:  # noqa: BLE001 - every rank must learn of it before anyone publishes
             error, local = err, {}
         self._pool.shutdown()
-        parts = all_gather_object((local, error is not None))
+        parts = all_gather_object((local, error is not None), self.group)
         if any(failed for _, failed in parts):
             self.abort()
             if error is not None:
@@ -210,7 +220,7 @@ class StagedCheckpoint:
             os.replace(tmp, self.path / MANIFEST_NAME)
             fsync_path(self.path)
             _swap_into_place(self.path, self.target)
-        barrier()
+        barrier(self.group)
         return self.target
 
     def _track_writer_extras(self, merged: dict[str, FileRecord]) -> None:
@@ -225,10 +235,10 @@ class StagedCheckpoint:
         """Stop without publishing (every rank calls it): the previous checkpoint stays, and the
         staging directory is removed, so a save that failed on a full disk does not keep it full."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        barrier()  # no rank still writes into the staging directory
+        barrier(self.group)  # no rank still writes into the staging directory
         if self.is_writer:
             shutil.rmtree(self.path, ignore_errors=True)
-        barrier()  # and on every rank it is gone when save_state raises
+        barrier(self.group)  # and on every rank it is gone when save_state raises
 
 
 def _unmeasured(name: str) -> int:

@@ -49,6 +49,8 @@ class Checkpointer:
         self.precision = strategy.ctx.precision
         self._save_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._load_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._pending: Any = None  # the asynchronous save still writing (async_save.PendingSave)
+        self._host_buffers: Any = None  # async_save.HostBuffers, made by the first async save
 
     # ---- hooks -----------------------------------------------------------------------------
     def register_save_state_pre_hook(self, hook: Callable) -> RemovableHandle:
@@ -101,14 +103,24 @@ class Checkpointer:
         return Path(output_dir), None
 
     def save_state(
-        self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        async_save: bool = False,
+        **kwargs: Any,
     ) -> str:
-        """Write every prepared and registered object's state atomically; returns the folder."""
+        """Write every prepared and registered object's state atomically; returns the folder.
+
+        `async_save=True` returns once the state is copied to host memory (see `async_save.py`).
+        """
         if kwargs:
             raise TypeError(
                 f"save_state got unsupported arguments {sorted(kwargs)}; accepted: output_dir, "
-                "safe_serialization"
+                "safe_serialization, async_save"
             )
+        if not isinstance(async_save, bool):
+            raise TypeError(f"save_state(async_save={async_save!r}): accepted values are True and False")
+        self.wait()
         target, root = self._resolve_output_dir(output_dir)
         limit = self.project.total_limit
         if limit is not None and (not isinstance(limit, int) or limit < 1):
@@ -124,11 +136,13 @@ class Checkpointer:
         layout = Layout(safe_serialization=safe_serialization)
         models = list(self.objects.models)
         weights = state_io.weights_for_hooks(models)
-        stage = atomic.StagedCheckpoint(target, is_writer=self._is_writer).open()
+        stage = self._stage(target, state_io.name, async_save).open()
         error: BaseException | None = None
         try:
             for hook in list(self._save_hooks.values()):
                 hook(models, weights, str(stage.path))
+            if async_save:
+                weights = self._host_buffers.copy(weights, ("weights",))
             self._write_all(stage, layout, state_io, models, weights)
         except BaseException as err:  # noqa: BLE001 - every rank must learn of the failure first
             error = err
@@ -139,13 +153,47 @@ class Checkpointer:
             raise CheckpointError(
                 f"another rank failed while saving {str(target)!r}; the previous checkpoint is intact"
             )
-        stage.publish(self.topology.world_size, extra={"layout": layout.describe()})
+        extra = {"layout": layout.describe()}
+        if async_save:
+            from accelerando.checkpoint.async_save import DeferredStage, PendingSave, tensor_bytes
+
+            assert isinstance(stage, DeferredStage)
+            stage.host_bytes += tensor_bytes(weights)
+            world = self.topology.world_size
+            logger.debug("asynchronous save of %s: %d bytes copied to host memory", target, stage.host_bytes)
+            self._pending = PendingSave(stage, world_size=world, extra=extra, root=root, limit=limit)
+            if root is not None:
+                self.project.iteration += 1
+            return str(target)
+        stage.publish(self.topology.world_size, extra=extra)
         if root is not None:
             self.project.iteration += 1
             if self._is_writer:
                 naming.enforce_total_limit(root, limit)
             atomic.barrier()
         return str(target)
+
+    def _stage(self, target: Path, state_format: str, async_save: bool) -> atomic.StagedCheckpoint:
+        if not async_save:
+            return atomic.StagedCheckpoint(target, is_writer=self._is_writer)
+        from accelerando.checkpoint.async_save import (
+            SUPPORTED_FORMATS,
+            DeferredStage,
+            HostBuffers,
+            checkpoint_group,
+        )
+
+        if state_format not in SUPPORTED_FORMATS:
+            raise ValueError(
+                f"save_state(async_save=True) is not supported with strategy {self.strategy.name!r} "
+                f"(its state format {state_format!r} is written by the engine itself); accepted with "
+                f"the {' and '.join(SUPPORTED_FORMATS)} state formats (single device, DDP, FSDP2, "
+                "tensor parallel). Use save_state(async_save=False)"
+            )
+        if self._host_buffers is None:
+            self._host_buffers = HostBuffers()
+        group = checkpoint_group()
+        return DeferredStage(target, is_writer=self._is_writer, group=group, buffers=self._host_buffers)
 
     def _write_all(
         self,
@@ -249,6 +297,7 @@ class Checkpointer:
         if verify not in atomic.VERIFY_MODES:
             raise ValueError(f"load_state(verify={verify!r}): accepted values are {atomic.VERIFY_MODES}")
         strict = bool(load_model_func_kwargs.get("strict", True))
+        self.wait()
         directory = self._resolve_input_dir(input_dir)
         models = list(self.objects.models)
         for hook in list(self._load_hooks.values()):
@@ -315,8 +364,16 @@ class Checkpointer:
 
         return model_io.get_state_dict(self.strategy, model, unwrap=unwrap)
 
+    @property
+    def save_in_progress(self) -> bool:
+        """An asynchronous save is still writing in the background."""
+        return self._pending is not None and not self._pending.done()
+
     def wait(self) -> None:
-        """Saves are synchronous today; kept so an asynchronous checkpointer can slot in."""
+        """Wait for a pending asynchronous save; its failure is raised here, naming the checkpoint."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
 
 def _explained(error: BaseException, staging: Path, target: Path) -> BaseException:

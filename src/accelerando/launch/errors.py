@@ -81,7 +81,7 @@ def root_cause(failures: dict[int, Any], agent_signalled: Collection[int] | None
     return min(failures.items(), key=key)
 
 
-def _describe(rank: int, failure: Any, agent_signalled: Collection[int] | None = None) -> str:
+def describe_failure(rank: int, failure: Any, agent_signalled: Collection[int] | None = None) -> str:
     if failure.exitcode < 0:
         how = f"was killed by signal {failure.signal_name()}"
         if agent_signalled is not None:
@@ -111,9 +111,7 @@ def format_child_failure(
     of printing the same traceback a second time.
     """
     rank, failure = root_cause(failures, agent_signalled)
-    headline = (
-        f"accelerando launch: {script} failed; first failure: {_describe(rank, failure, agent_signalled)}"
-    )
+    headline = f"accelerando launch: {script} failed; first failure: {describe_failure(rank, failure, agent_signalled)}"
     lines = [RULE, headline, RULE]
     stack = _traceback(failure)
     if stack and tracebacks_shown:
@@ -136,7 +134,7 @@ def format_child_failure(
         lines.append("-" * 78)
         for other_rank, other in others:
             summary = _summary(other)
-            described = _describe(other_rank, other, agent_signalled)
+            described = describe_failure(other_rank, other, agent_signalled)
             lines.append(f"also: {described}" + (f": {summary}" if summary else ""))
     lines.append(RULE)
     return "\n".join(lines)

@@ -11,7 +11,8 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from typing import Any
 from accelerando.config import env as envmod
 from accelerando.launch.errors import (
     AgentSignals,
+    describe_failure,
     exit_code,
     format_child_failure,
     format_rendezvous_failure,
+    root_cause,
 )
 from accelerando.launch.settings import Resolved, child_exports, parse_rdzv_conf, parse_tee
 
@@ -93,19 +96,58 @@ def build_launch_config(r: Resolved) -> Any:
     )
 
 
-class _RestartNotice(logging.Handler):
-    """Shows the agent's one useful INFO line (a restart) while its other chatter stays hidden."""
+class FailureMemo:
+    """The failures of the worker group's latest failed check, kept for the restart notice.
 
-    def __init__(self, write: Callable[[str], None]) -> None:
+    torch's agent logs "will restart worker group" without saying which worker failed; the notice
+    names it, so a restarted job's log says what it recovered from.
+    """
+
+    def __init__(self) -> None:
+        self.failures: dict[int, Any] = {}
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """While the agent runs, remember what each failed health check of the workers found."""
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+        original = LocalElasticAgent._monitor_workers
+
+        def monitor(agent: Any, group: Any) -> Any:
+            result = original(agent, group)
+            if result.is_failed():
+                self.failures = dict(result.failures)
+            return result
+
+        LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            LocalElasticAgent._monitor_workers = original  # type: ignore[method-assign]
+
+
+class _RestartNotice(logging.Handler):
+    """Shows the agent's one useful INFO line (a restart), naming the rank that failed first, while
+    its other chatter stays hidden."""
+
+    def __init__(self, write: Callable[[str], None], memo: FailureMemo, signals: AgentSignals) -> None:
         super().__init__(logging.INFO)
-        self._write = write
+        self._write, self._memo, self._signals = write, memo, signals
 
     def emit(self, record: logging.LogRecord) -> None:
-        if _RESTART_MARK in record.getMessage():
-            self._write(f"accelerando launch: {record.getMessage().split('] ', 1)[-1]}")
+        if _RESTART_MARK not in record.getMessage():
+            return
+        notice = record.getMessage().split("] ", 1)[-1]
+        if self._memo.failures:
+            rank, failure = root_cause(self._memo.failures, self._signals.pids)
+            notice = f"{describe_failure(rank, failure, self._signals.pids)}; {notice}"
+            self._memo.failures = {}
+        self._write(f"accelerando launch: {notice}")
 
 
-def quiet_agent_logs(debug: bool, write: Callable[[str], None]) -> AgentSignals:
+def quiet_agent_logs(
+    debug: bool, write: Callable[[str], None], memo: FailureMemo | None = None
+) -> AgentSignals:
     """Silence torch's elastic loggers unless `--debug`; keep restart notices.
 
     Returns the handler that records which workers the agent itself signalled (for the report).
@@ -131,7 +173,7 @@ def quiet_agent_logs(debug: bool, write: Callable[[str], None]) -> AgentSignals:
     agent_logger = agent_api.logger
     agent_logger.setLevel(logging.INFO)
     agent_logger.propagate = False
-    agent_logger.handlers = [_RestartNotice(write)]
+    agent_logger.handlers = [_RestartNotice(write, memo or FailureMemo(), signals)]
     mp_logger.setLevel(logging.WARNING)  # its closing-signal lines reach `signals` only
     mp_logger.propagate = False
     return signals
@@ -181,7 +223,8 @@ def run(r: Resolved, target: Target, device_type: str, write: Callable[[str], No
 
     envmod.export(envmod.launch_environment(child_exports(r, device_type)))
     config = build_launch_config(r)
-    signals = quiet_agent_logs(bool(r["debug"]), write)
+    memo = FailureMemo()
+    signals = quiet_agent_logs(bool(r["debug"]), write, memo)
     if r["num_machines"] > 1:
         write(
             f"accelerando launch: machine {r['machine_rank']} of {r['num_machines']} joining the "
@@ -191,7 +234,8 @@ def run(r: Resolved, target: Target, device_type: str, write: Callable[[str], No
     try:
         if r["machine_rank"] > 0:
             wait_for_main(r["main_process_ip"], r["main_process_port"], connect_timeout(r))
-        launch_agent(config, command, args)
+        with memo.watching():
+            launch_agent(config, command, args)
     except ChildFailedError as err:
         shown = not target.no_python  # the worker bootstrap printed each traceback already
         write(format_child_failure(err.failures, target.script, signals.pids, tracebacks_shown=shown))

@@ -126,12 +126,10 @@ class DCPStateIO(_StrategyStateIO):
 
         for i, model in enumerate(models):
             state = {"model": strategy.model_state_dict(model, full=False)}
-            sd_io.save_sharded(stage.path / layout.sharded_model(i), state)
-            stage.track_tree(layout.sharded_model(i), mine)
+            stage.save_sharded(layout.sharded_model(i), state, mine)
         for i, slot in enumerate(optimizers):
             state = {"optimizer": strategy.optimizer_state_dict(slot.owner, slot.optimizer, full=False)}
-            sd_io.save_sharded(stage.path / layout.sharded_optimizer(i), state)
-            stage.track_tree(layout.sharded_optimizer(i), mine)
+            stage.save_sharded(layout.sharded_optimizer(i), state, mine)
         return len(models)
 
     def read(

@@ -168,6 +168,18 @@ def phase_main() -> None:
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(files), files
     if rank() == 0:
         torch.save(ref2, WORK / "ref2.pt")
+    # The same state saved asynchronously (DCP's stager + dcp.save in the background): training
+    # goes on meanwhile; the shards equal the synchronous ones and load back to the same state.
+    acc.save_state(str(WORK / "ckpt2a"), async_save=True)
+    train(acc, model, opt, 1, seed=9)
+    acc.load_state(str(WORK / "ckpt2a"))  # waits for the background save
+    check_snapshot(snapshot(acc, model, opt), ref2, "asynchronous sharded round trip")
+    if rank() == 0:
+        import json
+
+        sums = [json.loads((WORK / c / "manifest.json").read_text())["files"] for c in ("ckpt2", "ckpt2a")]
+        shards = [{k: v for k, v in s.items() if k.endswith(".distcp")} for s in sums]
+        assert shards[0] and shards[0] == shards[1], shards
     train(acc, model, opt, 1, seed=9)
     acc.load_state(str(WORK / "ckpt2"))
     check_snapshot(snapshot(acc, model, opt), ref2, "sharded round trip")

@@ -1,7 +1,9 @@
 """Training that survives a killed rank: checkpoints every EVERY steps, resumes from the newest.
 
-Usage: accelerando launch --max_restarts 1 ... cli_resume.py PROJECT_DIR KILL_AT
-On the first attempt rank 1 SIGKILLs itself right after step KILL_AT. Every attempt calls
+Usage: accelerando launch --max_restarts 1 ... cli_resume.py PROJECT_DIR KILL_AT [sync|async]
+On the first attempt rank 1 SIGKILLs itself right after step KILL_AT (`sync`), or, with every save
+asynchronous (`async`), in the middle of the background write of the checkpoint taken at step
+KILL_AT (its staging folder holds some files, no manifest). Every attempt calls
 `load_state()` when a complete checkpoint exists; the prepared loader then yields exactly the
 batches not yet trained on, so the loop needs no skip arithmetic. After finishing, the same
 processes train the same model again from step 0 without interruption (fresh objects, no
@@ -49,8 +51,27 @@ def build(acc: Accelerator) -> tuple[Any, ...]:
     return acc.prepare(model, opt, sched, DataLoader(data, batch_size=4, shuffle=True))
 
 
+def kill_during_background_write(iteration: int) -> None:
+    """Rank 1 dies while its background thread writes checkpoint_<iteration>'s data files."""
+    from accelerando.checkpoint import state_dict as sd_io
+
+    real = sd_io.write_data_file
+
+    def write(path: Path, obj: Any) -> None:
+        if path.parent.name == f".checkpoint_{iteration}.incomplete":
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(path, obj)
+
+    sd_io.write_data_file = write
+
+
 def train(
-    acc: Accelerator, objects: tuple[Any, ...], progress: Progress, save: bool, kill_at: int = 0
+    acc: Accelerator,
+    objects: tuple[Any, ...],
+    progress: Progress,
+    save: bool,
+    kill_at: int = 0,
+    asynchronous: bool = False,
 ) -> list:
     model, opt, sched, loader = objects
     for _ in range(loader.epoch, EPOCHS):
@@ -63,12 +84,14 @@ def train(
             if progress.steps == kill_at and acc.process_index == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             if save and progress.steps % EVERY == 0:
-                acc.save_state()
+                acc.save_state(async_save=asynchronous)
     return [p.detach().clone() for p in acc.unwrap_model(model).parameters()]
 
 
 def main() -> None:
     project, kill_at = Path(sys.argv[1]), int(sys.argv[2])
+    asynchronous = sys.argv[3:] == ["async"]
+    first = env.restart_count() == 0
     config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
     acc = Accelerator(project_config=config)
     objects, progress = build(acc), Progress()
@@ -76,7 +99,10 @@ def main() -> None:
     if latest_checkpoint(project / "checkpoints") is not None:
         acc.load_state()  # the newest complete checkpoint; a partial one is removed
         acc.print(f"RESUMED at step {progress.steps} (epoch {objects[3].epoch})")
-    resumed = train(acc, objects, progress, save=True, kill_at=kill_at if env.restart_count() == 0 else 0)
+    if asynchronous and first and acc.process_index == 1:
+        kill_during_background_write(kill_at // EVERY - 1)  # checkpoint_0 is taken at step EVERY
+    kill_step = kill_at if first and not asynchronous else 0
+    resumed = train(acc, objects, progress, save=True, kill_at=kill_step, asynchronous=asynchronous)
     acc.print(f"FINISHED {progress.steps} steps")
     whole = train(acc, build(acc), Progress(), save=False)  # the uninterrupted reference
     same = all(torch.equal(a, b) for a, b in zip(resumed, whole, strict=True))
@@ -85,6 +111,7 @@ def main() -> None:
         if same
         else f"DIFFERENT: {[(a - b).abs().max().item() for a, b in zip(resumed, whole)]}"
     )
+    acc.end_training()  # waits for the last asynchronous save
 
 
 if __name__ == "__main__":

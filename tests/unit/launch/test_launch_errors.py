@@ -71,3 +71,27 @@ def test_estimate_strategies_shard_as_documented() -> None:
     assert estimate(1000, "float32", "FSDP", 4).total == 4000
     with pytest.raises(ValueError, match="strategy 'ZeRO-9'"):
         estimate(1, "float32", "ZeRO-9", 2)
+
+
+def test_restart_notice_names_the_rank_that_failed_first() -> None:
+    """torch's "will restart worker group" line says nothing of who failed; ours names the root cause."""
+    import logging
+
+    from accelerando.launch.errors import AgentSignals
+    from accelerando.launch.torchrun import FailureMemo, _RestartNotice
+
+    lines: list[str] = []
+    memo, signals = FailureMemo(), AgentSignals()
+    memo.failures = {
+        0: Failure(0, 1, 10, recorded("RuntimeError: Connection closed by peer", 10.7), pid=11),
+        1: Failure(1, 2, 10, recorded("ValueError: bad batch", 10.2), pid=12),
+    }
+    notice = _RestartNotice(lines.append, memo, signals)
+    msg = "[%s] Worker group %s. %s/%s attempts left; will restart worker group"
+    record = logging.LogRecord("agent", logging.INFO, __file__, 1, msg, ("default", "FAILED", 1, 1), None)
+    notice.emit(record)
+    assert lines == [
+        "accelerando launch: rank 1 (local rank 1, pid 12) exited with code 2; "
+        "Worker group FAILED. 1/1 attempts left; will restart worker group"
+    ]
+    assert memo.failures == {}  # the next restart names its own failure

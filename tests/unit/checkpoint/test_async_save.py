@@ -1,0 +1,64 @@
+"""save_state(async_save=True) in one process: same files as a synchronous save, automatic naming
+and total_limit applied when the background write ends, and a clear refusal where unsupported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ckpt_helpers import Setup
+
+from accelerando import ProjectConfiguration
+from accelerando.checkpoint.naming import list_checkpoints
+
+
+def _files(path: str) -> dict:
+    return json.loads((Path(path) / "manifest.json").read_text())["files"]
+
+
+def test_async_equals_sync_and_resumes(setup: Setup, tmp_path: Path) -> None:
+    setup.step(2)
+    sync = setup.acc.save_state(str(tmp_path / "sync"))
+    pending = setup.acc.save_state(str(tmp_path / "async"), async_save=True)
+    setup.step(3)  # training goes on, changing every tensor the snapshot copied
+    after = setup.params()
+    setup.acc.load_state(pending)  # waits for the background write first
+    assert _files(sync) == _files(pending)
+    setup.step(3)
+    assert all(a.equal(b) for a, b in zip(after, setup.model.parameters()))
+    assert setup.counter.value == 5
+
+
+def test_async_automatic_naming_and_limit(tmp_path: Path) -> None:
+    cfg = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    s = Setup(project_config=cfg)
+    for _ in range(3):
+        s.step()
+        s.acc.save_state(async_save=True)  # each waits for the one before
+    s.acc.end_training()
+    assert [i for i, _ in list_checkpoints(tmp_path / "checkpoints")] == [1, 2]
+
+
+def test_async_refused_for_engine_formats(setup: Setup, tmp_path: Path, monkeypatch) -> None:
+    io = setup.acc.strategy.state_io()
+    monkeypatch.setattr(type(io), "name", "deepspeed")
+    monkeypatch.setattr(type(setup.acc.strategy), "state_io", lambda self: io)
+    with pytest.raises(ValueError, match="async_save=True.*not supported.*'deepspeed'"):
+        setup.acc.save_state(str(tmp_path / "x"), async_save=True)
+    assert not any(tmp_path.iterdir())  # refused before anything was staged
+
+
+def test_async_save_must_be_a_bool(setup: Setup, tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="async_save='yes'.*True and False"):
+        setup.acc.save_state(str(tmp_path / "x"), async_save="yes")
+
+
+def test_host_memory_of_the_snapshot(setup: Setup, tmp_path: Path) -> None:
+    """What docs/checkpointing.md states: the weights plus AdamW's two moments, plus small state."""
+    setup.step()
+    setup.acc.save_state(str(tmp_path / "a"), async_save=True)
+    held = setup.acc._checkpointer()._pending.stage.host_bytes
+    setup.acc.end_training()
+    weights = sum(p.numel() * p.element_size() for p in setup.model.parameters())
+    assert 3 * weights <= held < 3 * weights + 64 * 1024, (held, weights)
