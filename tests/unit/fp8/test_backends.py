@@ -80,8 +80,8 @@ def test_te_converts_once_before_wrapping_runs_forward_under_fp8_autocast_and_ma
     calls.autocast.clear()
     calls.fp8_forwards = 0
     assert _train(model, opt, None, acc) == pytest.approx(by_hand, rel=1e-6)
-    for ours, theirs in zip(model.state_dict().values(), ref.state_dict().values()):
-        torch.testing.assert_close(ours, theirs)
+    ours = {k: v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
+    torch.testing.assert_close(ours, ref.state_dict())
     assert calls.fp8_forwards == 2 * 3  # both te.Linear layers, every step, inside fp8_autocast
     enabled, recipe = calls.autocast[-1]
     assert enabled and (recipe.margin, recipe.fp8_format, recipe.amax_history_len) == (2, fmt.E4M3, 16)
@@ -92,6 +92,42 @@ def test_te_converts_once_before_wrapping_runs_forward_under_fp8_autocast_and_ma
     model.eval()
     model(torch.randn(2, 32))
     assert calls.autocast[-1][0] is False  # evaluation runs without fp8 unless use_autocast_during_eval
+
+
+def test_te_checkpoints_carry_extra_state_and_load_strictly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """TE modules keep their fp8 scaling state in `_extra_state` (a uint8 tensor whose length changes as
+    it trains): save_state / load_state restore it into a fresh converted model under strict loading,
+    and save_model's weights load strictly into the plain model (which has no such keys)."""
+    install_transformer_engine(monkeypatch)
+    _every_backend_runs_here(monkeypatch)
+    acc = Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    _train(model, opt, None, acc)
+    saved = model.state_dict()
+    assert saved["0._extra_state"].numel() > 0 and saved["1._extra_state"].numel() == 0
+    acc.save_state(str(tmp_path / "state"), safe_serialization=True)
+    acc.save_model(model, str(tmp_path / "weights"))
+
+    fresh_acc = Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
+    fresh = _model()
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1)
+    fresh, fresh_opt = fresh_acc.prepare(fresh, fresh_opt)
+    assert fresh.state_dict()["0._extra_state"].numel() == 0  # never ran under fp8: TE's empty state
+    fresh_acc.load_state(str(tmp_path / "state"))  # strict
+    assert fresh[0].amax_history == model[0].amax_history and fresh[3].amax_history == model[3].amax_history
+    torch.testing.assert_close(fresh.state_dict(), saved)
+
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "weights" / "model.safetensors"))
+    assert not any(k.endswith("_extra_state") for k in weights)
+    plain = _model()
+    plain.load_state_dict(weights)  # strict
+    torch.testing.assert_close(plain[0].weight, model[0].weight)
 
 
 def test_te_recipe_fields_the_installed_te_lacks_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
