@@ -61,4 +61,4 @@ def build_fp8(request: Fp8Request, device_type: str, facts: Fp8Facts | None = No
         return MsampFp8Precision(recipe)
     from accelerando.precision.fp8 import TorchAoFp8Precision
 
-    return TorchAoFp8Precision(recipe)
+    return TorchAoFp8Precision(recipe, device_type)

@@ -224,6 +224,10 @@ def test_torchao_unwrap_and_save_model_give_weights_that_load_into_the_plain_mod
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
+    seen = []
+    model[2].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    assert model(torch.randn(4, 32)).dtype == torch.float32  # outputs in fp32, as Accelerate returns them
+    assert seen == [torch.bfloat16]  # the rest of the forward under bf16 autocast, as in Accelerate
     _train(model, opt, None, acc)
     acc.save_model(model, str(tmp_path))
     plain = _model()
