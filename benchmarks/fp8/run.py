@@ -107,7 +107,6 @@ def _by_hand(
     backend: str, recipe: str | None, model: nn.Module, device: torch.device
 ) -> tuple[Any, Any, Any]:
     """(model, optimizer, forward context) as a user of the backend writes it without accelerando."""
-    import contextlib
 
     from accelerando.precision.fp8 import default_fp8_filter
 
@@ -148,13 +147,26 @@ def _by_hand(
         return (
             model,
             torch.optim.AdamW(model.parameters(), lr=1e-3),
-            lambda: te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe),
+            lambda: _both(
+                torch.autocast(device.type, dtype=torch.bfloat16),
+                te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe),
+            ),
         )
     import msamp
 
     model = model.to(device)
     model, opt = msamp.initialize(model, torch.optim.AdamW(model.parameters(), lr=1e-3), opt_level="O2")
-    return model, opt, contextlib.nullcontext
+    return model, opt, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def _both(outer: Any, inner: Any) -> Any:
+    """Two context managers as one (bf16 autocast around TE's fp8_autocast, as Accelerate nests them)."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(outer)
+    stack.enter_context(inner)
+    return stack
 
 
 def _through_accelerando(backend: str | None, recipe: str | None, compile: bool = False) -> Any:

@@ -53,6 +53,13 @@ def _train(model: Any, opt: Any, backward: Any, ctx: Any) -> list[float]:
     return losses
 
 
+@contextlib.contextmanager
+def _bf16_fp8(te: Any, recipe: Any) -> Any:
+    """TE by hand as Accelerate runs it: bf16 autocast around fp8_autocast."""
+    with torch.autocast("cuda", dtype=torch.bfloat16), te.fp8_autocast(enabled=True, fp8_recipe=recipe):
+        yield
+
+
 def _through_accelerando(handler: Any) -> tuple[list[float], torch.nn.Module, Accelerator]:
     reset_runtime()
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[handler])
@@ -104,9 +111,7 @@ def test_transformer_engine_trains_like_te_by_hand_and_its_checkpoint_loads(tmp_
     ref[1] = norm
     recipe = DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=1024, amax_compute_algo="most_recent")
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    theirs = _train(
-        ref, ref_opt, lambda loss: loss.backward(), lambda: te.fp8_autocast(enabled=True, fp8_recipe=recipe)
-    )
+    theirs = _train(ref, ref_opt, lambda loss: loss.backward(), lambda: _bf16_fp8(te, recipe))
     assert ours == pytest.approx(theirs, rel=1e-4)
     assert model.state_dict()["0._extra_state"].numel() > 0  # TE's fp8 scaling state
     acc.save_state(str(tmp_path / "state"))

@@ -18,6 +18,13 @@ from accelerando.config.options import AORecipeKwargs
 from accelerando.precision.base import Precision
 
 
+def bf16_autocast(
+    device_type: str, enabled: bool = True, cache_enabled: bool | None = None
+) -> contextlib.AbstractContextManager:
+    """What Accelerate runs every fp8 backend's forward under (besides the backend's own fp8 layers)."""
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=cache_enabled)
+
+
 def default_fp8_filter(module: torch.nn.Module, name: str) -> bool:
     """fp8 GEMMs need both Linear dims divisible by 16."""
     if not isinstance(module, torch.nn.Linear):
@@ -68,9 +75,7 @@ class TorchAoFp8Precision(Precision):
     def autocast(
         self, enabled: bool = True, cache_enabled: bool | None = None
     ) -> contextlib.AbstractContextManager:
-        return torch.autocast(
-            self.device_type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=cache_enabled
-        )
+        return bf16_autocast(self.device_type, enabled, cache_enabled)
 
     def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
         from torchao.float8 import convert_to_float8_training

@@ -4,6 +4,7 @@ torchao for real: recipes, and weights that load into the plain model."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,17 @@ def _every_backend_runs_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "gather_facts", lambda device_type, backends: facts)
 
 
-def _train(model: Any, opt: Any, step: Any, acc: Accelerator | None = None, sched: Any = None) -> list[float]:
+def _bf16() -> Any:
+    return torch.autocast("cpu", dtype=torch.bfloat16)  # Accelerate runs every fp8 forward under it
+
+
+def _train(
+    model: Any, opt: Any, step: Any, acc: Accelerator | None = None, sched: Any = None, ctx: Any = None
+) -> list[float]:
     losses = []
     for x, y in _batches():
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        with ctx() if ctx is not None else contextlib.nullcontext():
+            loss = torch.nn.functional.mse_loss(model(x), y)
         acc.backward(loss) if acc is not None else loss.backward()
         opt.step()
         if sched is not None:
@@ -71,7 +79,7 @@ def test_te_converts_once_before_wrapping_runs_forward_under_fp8_autocast_and_ma
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     by_hand = []
     for x, y in _batches():  # the same steps written by hand with the SDK
-        with te.fp8_autocast(enabled=True, fp8_recipe=None):
+        with _bf16(), te.fp8_autocast(enabled=True, fp8_recipe=None):
             loss = torch.nn.functional.mse_loss(ref(x), y)
         loss.backward()
         ref_opt.step()
@@ -167,7 +175,7 @@ def test_msamp_initializes_model_and_optimizer_together_and_matches_by_hand(
 
     ref_model, ref_opt = msamp.initialize(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2), opt_level="O1")
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, 1, gamma=0.5)
-    by_hand = _train(ref_model, ref_opt, None, None, ref_sched)
+    by_hand = _train(ref_model, ref_opt, None, None, ref_sched, ctx=_bf16)
     assert _train(model, opt, None, acc, sched) == pytest.approx(by_hand, rel=1e-6)
     for ours, theirs in zip(model.state_dict().values(), ref_model.state_dict().values()):
         torch.testing.assert_close(ours, theirs)
