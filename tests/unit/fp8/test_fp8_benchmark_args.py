@@ -31,7 +31,7 @@ def test_presets_fill_what_is_not_given_and_a_given_flag_wins() -> None:
     smoke = bench.parse_args(["--smoke"])
     assert (smoke.dim, smoke.steps, smoke.compile) == (64, 3, False)
     plain = bench.parse_args([])
-    assert (plain.dim, plain.steps) == (128, 30)
+    assert (plain.dim, plain.steps) == (64, 10)
 
 
 def test_bad_combinations_are_refused_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
