@@ -7,6 +7,9 @@
 # 3. benchmarks/fsdp.py: DDP vs FSDP2 (needs 2 GPUs: nccl refuses two ranks on one device)
 # 4. benchmarks/deepspeed.py: accelerando's step against deepspeed.initialize's (ZeRO-2, ZeRO-3),
 #    interleaved in one process per stage, one rank per GPU
+# 5. benchmarks/fp8/run.py --gpu: bf16 vs torchao fp8 (tensorwise) on a 1.0 B-parameter model, 200
+#    compiled steps, plus each fp8 backend by hand vs through accelerando (budget: about 2 minutes,
+#    capped at 200 s); skipped with a line saying so where torchao does not import
 # Writes benchmarks/results/gpu-<date>.md (and copies it to $OUT/ when OUT is set), then exits
 # non-zero if any section failed. PYTHON overrides the interpreter (default: .venv/bin/python if
 # present, else python3); GPU_BENCH_REPEATS the fresh processes per benchmark cell (default 3).
@@ -103,6 +106,19 @@ else
   rc=0
 fi
 ended "benchmarks/deepspeed.py" "$rc" "$began"
+
+section "benchmarks/fp8/run.py --gpu (torchao fp8 vs bf16, 1.0 B params, 200 steps)"
+began=$SECONDS
+if fp8_missing=$("$PYTHON" -c "import torchao.float8" 2>&1); then
+  timeout 200 "$PYTHON" benchmarks/fp8/run.py --gpu --markdown "$WORK/fp8.md" 2>&1 | grep -v 'Failed to load' | tee "$WORK/fp8.log"
+  rc=${PIPESTATUS[0]}
+  if [ -f "$WORK/fp8.md" ]; then cat "$WORK/fp8.md" >>"$RESULTS"; else { echo '```'; tail -n 40 "$WORK/fp8.log"; echo '```'; } >>"$RESULTS"; fi
+  if [ "$rc" -eq 124 ]; then echo "fp8 suite: timed out after 200 s" | tee -a "$RESULTS" >&2; fi
+else
+  echo "skipped: torchao does not import here ($(echo "$fp8_missing" | tail -n 1)); bring a torchao wheel matching this torch (pip install --no-deps torchao)" | tee -a "$RESULTS" >&2
+  rc=0
+fi
+ended "benchmarks/fp8/run.py" "$rc" "$began"
 
 printf '\ntotal: %s s, exit %s\n' "$((SECONDS - START))" "$STATUS" | tee -a "$RESULTS" >&2
 if [ -n "${OUT:-}" ]; then cp "$RESULTS" "$OUT/"; fi

@@ -44,6 +44,12 @@ def get_state_dict(strategy: Strategy, model: torch.nn.Module, unwrap: bool = Tr
     return strategy.model_state_dict(model, full=True)
 
 
+def without_extra_state(state: dict[str, Any]) -> dict[str, Any]:
+    """Exported weights are what the plain model loads: modules' `_extra_state` entries (Transformer
+    Engine's fp8 scaling state) stay in `save_state` checkpoints only."""
+    return {k: v for k, v in state.items() if not sd_io.is_extra_state(k)}
+
+
 def _shard_pattern(safe: bool) -> tuple[str, str]:
     return (
         (SAFE_WEIGHTS_PATTERN_NAME, SAFE_WEIGHTS_INDEX_NAME)
@@ -70,7 +76,7 @@ def save_model(
     directory = Path(save_directory)
     if directory.is_file():
         raise ValueError(f"save_directory {str(directory)!r} is a file; save_model needs a directory")
-    state = get_state_dict(strategy, model)
+    state = without_extra_state(get_state_dict(strategy, model))
     if strategy.ctx.rank == 0:
         unwrapped = strategy.unwrap(model)
         write_sharded_weights(

@@ -2,12 +2,13 @@
 
 Layers are swapped in `convert_module`, before any wrapping; the swap keeps each Linear's own
 weight Parameter, so optimizers built before `prepare`, `state_dict()` keys and `save_model` output
-stay those of the plain model. Compute stays in the model's dtype elsewhere: no autocast is needed.
-Under FSDP2, `enable_fsdp_float8_all_gather` makes `fully_shard` all-gather the weights in fp8.
+stay those of the plain model. As in Accelerate, the rest of the forward runs under bf16 autocast
+(attention, norms, activations in bf16; the fp8 GEMMs take their inputs from it). Under FSDP2, `enable_fsdp_float8_all_gather` makes `fully_shard` all-gather the weights in fp8.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -15,6 +16,13 @@ import torch
 
 from accelerando.config.options import AORecipeKwargs
 from accelerando.precision.base import Precision
+
+
+def bf16_autocast(
+    device_type: str, enabled: bool = True, cache_enabled: bool | None = None
+) -> contextlib.AbstractContextManager:
+    """What Accelerate runs every fp8 backend's forward under (besides the backend's own fp8 layers)."""
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=cache_enabled)
 
 
 def default_fp8_filter(module: torch.nn.Module, name: str) -> bool:
@@ -52,10 +60,22 @@ class TorchAoFp8Precision(Precision):
     backend = "ao"
     strategies = ("single_device", "ddp", "fsdp2")
 
-    def __init__(self, recipe: AORecipeKwargs | None = None) -> None:
+    compute_dtype = torch.bfloat16
+
+    def __init__(self, recipe: AORecipeKwargs | None = None, device_type: str = "cpu") -> None:
         recipe = recipe or AORecipeKwargs()
         self.config = float8_config(recipe)
         self.module_filter_fn = recipe.module_filter_func or default_fp8_filter
+        self.device_type = device_type
+
+    @property
+    def wraps_forward(self) -> bool:
+        return True
+
+    def autocast(
+        self, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager:
+        return bf16_autocast(self.device_type, enabled, cache_enabled)
 
     def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
         from torchao.float8 import convert_to_float8_training

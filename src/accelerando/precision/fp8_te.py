@@ -5,7 +5,8 @@ Written against TE's documented PyTorch API: `transformer_engine.pytorch.Linear`
 `transformer_engine.pytorch.fp8_autocast(enabled=, fp8_recipe=)`. Eligible `nn.Linear` (both dims
 divisible by 16) and `nn.LayerNorm` layers are replaced once, before any wrapping, by TE modules
 holding copies of their weights under the same names; the forward then runs under `fp8_autocast`
-(in training, and in evaluation only with `use_autocast_during_eval`). TE cannot be installed on a
+(in training, and in evaluation only with `use_autocast_during_eval`), inside bf16 autocast as
+Accelerate runs it (TE takes its activation dtype from torch.autocast). TE cannot be installed on a
 machine without CUDA, so the CPU tests run this code against a recorded fake of that API.
 """
 
@@ -13,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from accelerando.config.options import TERecipeKwargs
 from accelerando.precision.base import Precision
-from accelerando.precision.fp8 import default_fp8_filter
+from accelerando.precision.fp8 import bf16_autocast, default_fp8_filter
 
 
 def delayed_scaling(recipe: TERecipeKwargs) -> Any:
@@ -88,9 +90,12 @@ class TransformerEngineFp8Precision(Precision):
     strategies = ("single_device", "ddp", "fsdp2")
     replaces_parameters = True
 
-    def __init__(self, recipe: TERecipeKwargs) -> None:
+    compute_dtype = torch.bfloat16
+
+    def __init__(self, recipe: TERecipeKwargs, device_type: str = "cuda") -> None:
         import transformer_engine.pytorch as te
 
+        self.device_type = device_type
         self.te = te
         self.recipe = recipe
         self.fp8_recipe = delayed_scaling(recipe)
@@ -110,7 +115,13 @@ class TransformerEngineFp8Precision(Precision):
     def autocast(
         self, enabled: bool = True, cache_enabled: bool | None = None
     ) -> contextlib.AbstractContextManager:
-        return self.te.fp8_autocast(enabled=enabled, fp8_recipe=self.fp8_recipe)  # type: ignore[no-any-return]
+        return self._contexts(enabled, enabled, cache_enabled)
 
     def forward_context(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-        return self.autocast(enabled=model.training or self.use_during_eval)
+        return self._contexts(True, model.training or self.use_during_eval)
+
+    @contextlib.contextmanager
+    def _contexts(self, bf16: bool, fp8: bool, cache_enabled: bool | None = None) -> Iterator[None]:
+        with bf16_autocast(self.device_type, bf16, cache_enabled):
+            with self.te.fp8_autocast(enabled=fp8, fp8_recipe=self.fp8_recipe):
+                yield

@@ -54,11 +54,11 @@ def build_fp8(request: Fp8Request, device_type: str, facts: Fp8Facts | None = No
     if isinstance(recipe, TERecipeKwargs):
         from accelerando.precision.fp8_te import TransformerEngineFp8Precision
 
-        return TransformerEngineFp8Precision(recipe)
+        return TransformerEngineFp8Precision(recipe, device_type)
     if isinstance(recipe, MSAMPRecipeKwargs):
         from accelerando.precision.fp8_msamp import MsampFp8Precision
 
-        return MsampFp8Precision(recipe)
+        return MsampFp8Precision(recipe, device_type)
     from accelerando.precision.fp8 import TorchAoFp8Precision
 
-    return TorchAoFp8Precision(recipe)
+    return TorchAoFp8Precision(recipe, device_type)

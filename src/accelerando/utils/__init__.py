@@ -8,6 +8,7 @@ from accelerando.config.fsdp import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
 )
+from accelerando.parallel.compile import compile_regions
 from accelerando.parallelism_config import ParallelismConfig
 from accelerando.utils.constants import (
     BETA_SP_AVAILABLE_DEEPSPEED_VERSION,

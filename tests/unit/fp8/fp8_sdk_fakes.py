@@ -4,7 +4,9 @@ Each mimics the documented call surface accelerando uses, and records how it was
 - Transformer Engine (`transformer_engine.pytorch.Linear(in, out, bias=, params_dtype=)`,
   `.LayerNorm(hidden, eps=, params_dtype=)`, `.fp8_autocast(enabled=, fp8_recipe=)`,
   `transformer_engine.common.recipe.DelayedScaling(margin=, fp8_format=, amax_history_len=,
-  amax_compute_algo=, override_linear_precision=)` and `Format`);
+  amax_compute_algo=, override_linear_precision=)` and `Format`); like TE 2.x, each module carries
+  its fp8 scaling state as `_extra_state` in the state dict: an empty uint8 tensor until it has
+  run under fp8, then its pickled state as a uint8 tensor whose length changes as it trains;
 - MS-AMP (`msamp.initialize(model, optimizer, opt_level=)` -> (model with its Linear layers replaced,
   a new optimizer over the replaced model's parameters)).
 The math is plain fp32, so a run through accelerando can be compared exactly with the same steps
@@ -17,6 +19,7 @@ import contextlib
 import dataclasses
 import enum
 import importlib.machinery
+import pickle
 import sys
 import types
 from collections.abc import Iterator
@@ -61,7 +64,25 @@ def install_transformer_engine(monkeypatch: Any) -> Calls:
         override_linear_precision: tuple[bool, bool, bool] = (False, False, False)
         reduce_amax: bool = True
 
-    class Linear(torch.nn.Module):
+    class ExtraState(torch.nn.Module):
+        """TE's `_extra_state`: the amax seen by each fp8 forward (the real one keeps scales too)."""
+
+        def _record_amax(self, x: torch.Tensor) -> None:
+            self.amax_history = [*getattr(self, "amax_history", []), float(x.detach().abs().max())]
+
+        def get_extra_state(self) -> torch.Tensor:
+            history = getattr(self, "amax_history", None)
+            if not history:
+                return torch.empty(0, dtype=torch.uint8)
+            return torch.frombuffer(bytearray(pickle.dumps({"amax_history": history})), dtype=torch.uint8)
+
+        def set_extra_state(self, state: Any) -> None:
+            if not isinstance(state, torch.Tensor):
+                raise RuntimeError("Unsupported checkpoint format.")  # TE's own words
+            if state.numel():
+                self.amax_history = pickle.loads(state.numpy().tobytes())["amax_history"]  # noqa: S301
+
+    class Linear(ExtraState):
         def __init__(
             self, in_features: int, out_features: int, bias: bool = True, params_dtype: Any = None, **_: Any
         ) -> None:
@@ -74,11 +95,12 @@ def install_transformer_engine(monkeypatch: Any) -> Calls:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             if calls.active and calls.active[-1]:
                 calls.fp8_forwards += 1
+                self._record_amax(x)
             else:
                 calls.plain_forwards += 1
             return torch.nn.functional.linear(x, self.weight, self.bias)
 
-    class LayerNorm(torch.nn.Module):
+    class LayerNorm(ExtraState):
         def __init__(self, hidden_size: int, eps: float = 1e-5, params_dtype: Any = None, **_: Any) -> None:
             super().__init__()
             self.eps = eps

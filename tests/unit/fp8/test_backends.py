@@ -4,6 +4,7 @@ torchao for real: recipes, and weights that load into the plain model."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,17 @@ def _every_backend_runs_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "gather_facts", lambda device_type, backends: facts)
 
 
-def _train(model: Any, opt: Any, step: Any, acc: Accelerator | None = None, sched: Any = None) -> list[float]:
+def _bf16() -> Any:
+    return torch.autocast("cpu", dtype=torch.bfloat16)  # Accelerate runs every fp8 forward under it
+
+
+def _train(
+    model: Any, opt: Any, step: Any, acc: Accelerator | None = None, sched: Any = None, ctx: Any = None
+) -> list[float]:
     losses = []
     for x, y in _batches():
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        with ctx() if ctx is not None else contextlib.nullcontext():
+            loss = torch.nn.functional.mse_loss(model(x), y)
         acc.backward(loss) if acc is not None else loss.backward()
         opt.step()
         if sched is not None:
@@ -71,7 +79,7 @@ def test_te_converts_once_before_wrapping_runs_forward_under_fp8_autocast_and_ma
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     by_hand = []
     for x, y in _batches():  # the same steps written by hand with the SDK
-        with te.fp8_autocast(enabled=True, fp8_recipe=None):
+        with _bf16(), te.fp8_autocast(enabled=True, fp8_recipe=None):
             loss = torch.nn.functional.mse_loss(ref(x), y)
         loss.backward()
         ref_opt.step()
@@ -80,8 +88,8 @@ def test_te_converts_once_before_wrapping_runs_forward_under_fp8_autocast_and_ma
     calls.autocast.clear()
     calls.fp8_forwards = 0
     assert _train(model, opt, None, acc) == pytest.approx(by_hand, rel=1e-6)
-    for ours, theirs in zip(model.state_dict().values(), ref.state_dict().values()):
-        torch.testing.assert_close(ours, theirs)
+    ours = {k: v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
+    torch.testing.assert_close(ours, ref.state_dict())
     assert calls.fp8_forwards == 2 * 3  # both te.Linear layers, every step, inside fp8_autocast
     enabled, recipe = calls.autocast[-1]
     assert enabled and (recipe.margin, recipe.fp8_format, recipe.amax_history_len) == (2, fmt.E4M3, 16)
@@ -92,6 +100,42 @@ def test_te_converts_once_before_wrapping_runs_forward_under_fp8_autocast_and_ma
     model.eval()
     model(torch.randn(2, 32))
     assert calls.autocast[-1][0] is False  # evaluation runs without fp8 unless use_autocast_during_eval
+
+
+def test_te_checkpoints_carry_extra_state_and_load_strictly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """TE modules keep their fp8 scaling state in `_extra_state` (a uint8 tensor whose length changes as
+    it trains): save_state / load_state restore it into a fresh converted model under strict loading,
+    and save_model's weights load strictly into the plain model (which has no such keys)."""
+    install_transformer_engine(monkeypatch)
+    _every_backend_runs_here(monkeypatch)
+    acc = Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    _train(model, opt, None, acc)
+    saved = model.state_dict()
+    assert saved["0._extra_state"].numel() > 0 and saved["1._extra_state"].numel() == 0
+    acc.save_state(str(tmp_path / "state"), safe_serialization=True)
+    acc.save_model(model, str(tmp_path / "weights"))
+
+    fresh_acc = Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
+    fresh = _model()
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1)
+    fresh, fresh_opt = fresh_acc.prepare(fresh, fresh_opt)
+    assert fresh.state_dict()["0._extra_state"].numel() == 0  # never ran under fp8: TE's empty state
+    fresh_acc.load_state(str(tmp_path / "state"))  # strict
+    assert fresh[0].amax_history == model[0].amax_history and fresh[3].amax_history == model[3].amax_history
+    torch.testing.assert_close(fresh.state_dict(), saved)
+
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "weights" / "model.safetensors"))
+    assert not any(k.endswith("_extra_state") for k in weights)
+    plain = _model()
+    plain.load_state_dict(weights)  # strict
+    torch.testing.assert_close(plain[0].weight, model[0].weight)
 
 
 def test_te_recipe_fields_the_installed_te_lacks_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,7 +175,7 @@ def test_msamp_initializes_model_and_optimizer_together_and_matches_by_hand(
 
     ref_model, ref_opt = msamp.initialize(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2), opt_level="O1")
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, 1, gamma=0.5)
-    by_hand = _train(ref_model, ref_opt, None, None, ref_sched)
+    by_hand = _train(ref_model, ref_opt, None, None, ref_sched, ctx=_bf16)
     assert _train(model, opt, None, acc, sched) == pytest.approx(by_hand, rel=1e-6)
     for ours, theirs in zip(model.state_dict().values(), ref_model.state_dict().values()):
         torch.testing.assert_close(ours, theirs)
@@ -188,6 +232,10 @@ def test_torchao_unwrap_and_save_model_give_weights_that_load_into_the_plain_mod
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
+    seen = []
+    model[2].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    assert model(torch.randn(4, 32)).dtype == torch.float32  # outputs in fp32, as Accelerate returns them
+    assert seen == [torch.bfloat16]  # the rest of the forward under bf16 autocast, as in Accelerate
     _train(model, opt, None, acc)
     acc.save_model(model, str(tmp_path))
     plain = _model()
