@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned here so pip never resolves an unpinned (multi-GB CUDA) build; GPU users override it.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv install install-test demo test test-fast lint bench clean
+.PHONY: venv install install-test demo test test-fast lint bench clean docker-lint docker-build docs docs-serve
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,18 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy
+
+# The release images (docs/release.md). Lint needs no Docker engine; building does (the release job).
+DOCKER_TAGS ?= cpu gpu gpu-deepspeed gpu-fp8-transformerengine
+VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' src/accelerando/_version.py)
+
+docker-lint: $(VENV)/.installed
+	$(VENV)/bin/hadolint --config docker/.hadolint.yaml $(foreach tag,$(DOCKER_TAGS),docker/$(tag)/Dockerfile)
+
+docker-build:
+	set -e; for tag in $(DOCKER_TAGS); do \
+		docker build -f docker/$$tag/Dockerfile -t accelerando:$(VERSION)-$$tag -t accelerando:$$tag .; \
+	done
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/loop_overhead.py
