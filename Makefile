@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned here so pip never resolves an unpinned (multi-GB CUDA) build; GPU users override it.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv install install-test demo test test-fast lint bench clean docker-lint docker-build docs docs-serve
+.PHONY: venv install install-test demo test test-fast lint bench clean docker-lint docker-build docs docs-serve docs-check
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,21 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy
 
+# The documentation site (mkdocs.yml) into site/, warnings as errors; docs-check opens it in a
+# headless Chromium (apt-get install chromium; not in CI) and leaves screenshots in docs-check/.
+$(VENV)/.docs-installed: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+docs-check: docs
+	$(PY) scripts/check_docs_site.py --site site --out docs-check
+
 # The release images (docs/release.md). Lint needs no Docker engine; building does (the release job).
 DOCKER_TAGS ?= cpu gpu gpu-deepspeed gpu-fp8-transformerengine
 VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' src/accelerando/_version.py)
@@ -47,4 +62,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/loop_overhead.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info demo_output
+	rm -rf $(VENV) build dist *.egg-info demo_output site docs-check
