@@ -27,8 +27,8 @@ test-fast: $(VENV)/.installed
 
 # CI (.ci/run) runs this before the tests: lint rules, formatting, types.
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 	$(VENV)/bin/mypy
 
 # The documentation site (mkdocs.yml) into site/, warnings as errors; docs-check opens it in a
