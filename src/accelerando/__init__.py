@@ -1,9 +1,8 @@
 """accelerando: one PyTorch script on CPU, GPUs, many machines; Accelerate's API, a smaller inside."""
 
-__version__ = "0.1.0"
-
 from accelerando._as_accelerate import as_accelerate
 from accelerando._import_noise import silence_known_import_noise
+from accelerando._version import __version__
 from accelerando.accelerator import Accelerator
 from accelerando.big_modeling import (
     cpu_offload,

@@ -1,4 +1,10 @@
-"""A plain `pip install accelerando` (no extras) imports and launches a 2-process job.
+"""The release's sdist and wheel: built, checked, and a plain `pip install` of the wheel runs.
+
+`python -m build` makes the sdist and then the wheel from it (so the sdist is complete), `twine
+check` validates both, the real pip picks the candidate only with `--pre`, and the wheel installed
+with no extras imports, prints its version in `accelerando env`, passes `accelerando test` on 2 CPU
+processes (both through docker/healthcheck/healthcheck.sh, the Docker images' HEALTHCHECK) and
+launches a 2-process job.
 
 How this stays honest and fast: the wheel is built from a copy of the sources and installed with
 pip, without dependencies, into a fresh virtual environment that does not see this one. Its
@@ -31,7 +37,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
 OPTIONAL = ("pytest", "transformers", "accelerate", "torchao", "torchdata", "rich", "deepspeed")
 
 
@@ -43,23 +49,57 @@ def sh(cmd: list[str], timeout: float = 120, **kw: object) -> subprocess.Complet
     return proc  # type: ignore[no-any-return]
 
 
-def build_wheel(out: Path) -> Path:
-    """`pip wheel` on a copy of the sources (so the checkout gets no build/ or egg-info)."""
+def build_release(out: Path) -> tuple[Path, Path]:
+    """`python -m build` on a copy of the sources (so the checkout gets no build/ or egg-info)."""
     source = out / "source"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    offline = (
-        importlib.util.find_spec("setuptools") is not None and importlib.util.find_spec("wheel") is not None
-    )
-    flags = ["--no-build-isolation", "--no-index"] if offline else []  # else pip fetches the build backend
-    sh(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", *flags, "-w", str(out / "dist"), str(source)],
-        timeout=180,
-    )
+    offline = importlib.util.find_spec("setuptools") is not None
+    flags = ["--no-isolation"] if offline else []  # else build fetches the build backend into a venv
+    sh([sys.executable, "-m", "build", *flags, "--outdir", str(out / "dist"), str(source)], timeout=180)
+    (sdist,) = (out / "dist").glob("accelerando-*.tar.gz")
     (wheel,) = (out / "dist").glob("accelerando-*.whl")
-    return wheel
+    return sdist, wheel
+
+
+def check_release_files(sdist: Path, wheel: Path) -> None:
+    """Both files are named by the one version, and `twine check --strict` (metadata, README) is clean."""
+    import accelerando
+
+    version = accelerando.__version__
+    assert sdist.name == f"accelerando-{version}.tar.gz" and wheel.name.startswith(f"accelerando-{version}-")
+    proc = sh([sys.executable, "-m", "twine", "check", "--strict", str(sdist), str(wheel)])
+    assert proc.stdout.count("PASSED") == 2, proc.stdout
+
+
+def pip_picks(index: Path, *flags: str) -> str:
+    """The accelerando version the real pip would install from `index` (a find-links folder)."""
+    report = index.parent / "report.json"
+    sh(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps", "--no-index",
+         "--find-links", str(index), "--report", str(report), "--quiet", *flags, "accelerando"],
+    )  # fmt: skip
+    (chosen,) = json.loads(report.read_text())["install"]
+    return str(chosen["metadata"]["version"])
+
+
+def previous_release_wheel(folder: Path, version: str = "0.1.0") -> Path:
+    """A metadata-only wheel standing for the last final release on the index (pip reads only its metadata)."""
+    import zipfile
+
+    info = f"accelerando-{version}.dist-info"
+    files = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: accelerando\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/RECORD": "",
+    }
+    path = folder / f"accelerando-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return path
 
 
 def requirement_closure(wheel: Path) -> list[md.Distribution]:
@@ -105,9 +145,20 @@ def link_distributions(dists: list[md.Distribution], folder: Path) -> None:
                 (folder / top).symlink_to(target)
 
 
-def test_wheel_without_extras_imports_and_launches_two_processes(tmp_path: Path) -> None:
+def test_release_builds_checks_and_installed_wheel_runs_without_extras(tmp_path: Path) -> None:
+    import accelerando
+
     start = time.monotonic()
-    wheel = build_wheel(tmp_path)
+    sdist, wheel = build_release(tmp_path)
+    check_release_files(sdist, wheel)
+    index = tmp_path / "index"
+    index.mkdir()
+    shutil.copy(wheel, index)
+    previous_release_wheel(index)
+    assert pip_picks(index) == "0.1.0"  # plain `pip install accelerando` keeps the final release
+    assert pip_picks(index, "--pre") == accelerando.__version__
+    built = time.monotonic() - start
+
     venv = tmp_path / "venv"
     sh([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
@@ -134,6 +185,13 @@ def test_wheel_without_extras_imports_and_launches_two_processes(tmp_path: Path)
         f"importable in a no-extras install: {set(OPTIONAL) - set(seen['missing'])}"
     )
 
+    # the Docker images' HEALTHCHECK, run against this install: `accelerando env`, then `accelerando test`
+    # on 2 CPU processes (docker/healthcheck/cpu.yaml)
+    on_path = {**env, "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+    health = sh(["sh", str(ROOT / "docker" / "healthcheck" / "healthcheck.sh")], env=on_path, cwd=tmp_path)
+    assert f"- accelerando version: {accelerando.__version__}\n" in health.stdout, health.stdout
+    assert "checks passed on 2 process(es)" in health.stdout, health.stdout
+
     out = tmp_path / "demo"
     proc = sh(
         [str(venv / "bin" / "accelerando"), "launch", "--cpu", "--num_processes", "2",
@@ -142,4 +200,5 @@ def test_wheel_without_extras_imports_and_launches_two_processes(tmp_path: Path)
     )  # fmt: skip
     assert "2 process(es) on cpu" in proc.stdout and "epoch 0: loss" in proc.stdout, proc.stdout
     assert (out / "model.safetensors").is_file()
-    print(f"wheel build, install and 2-process launch: {time.monotonic() - start:.1f}s")
+    print(f"sdist+wheel build, twine, pip resolution: {built:.1f}s; with install, env, test, launch: "
+          f"{time.monotonic() - start:.1f}s")  # fmt: skip

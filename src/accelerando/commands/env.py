@@ -31,12 +31,13 @@ def collect(config_file: str | None = None) -> dict[str, Any]:
     import psutil
     import torch
 
+    from accelerando import __version__
     from accelerando.config.yaml_config import find_default_config, read_mapping
     from accelerando.devices.registry import accelerator_device
 
     device = accelerator_device()
     info: dict[str, Any] = {
-        "accelerando version": _version("accelerando"),
+        "accelerando version": __version__,  # the imported package's, even when several are installed
         "Platform": platform.platform(),
         "accelerando command": shutil.which("accelerando") or "not on PATH",
         "Python version": platform.python_version(),
