@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -236,3 +236,22 @@ def basic_config(mixed_precision: str, device_type: str, device_count: int) -> d
         "same_network": False,
         "use_cpu": cpu,
     }
+
+
+def write_basic_config(
+    mixed_precision: str = "no", save_location: str | os.PathLike[str] | None = None
+) -> Path | Literal[False]:
+    """Write a minimal config for what this machine has (its accelerators, else CPU) and return its
+    path; an existing file is left alone (False). `save_location` None: the per-user file."""
+    from accelerando.devices.registry import accelerator_device
+
+    path = Path(save_location).expanduser() if save_location else default_config_path()
+    if path.exists():
+        print(
+            f"Configuration already exists at {path}, will not override: remove it, run `accelerando config "
+            "update`, or pass another `save_location`."
+        )
+        return False
+    device = accelerator_device()
+    count = device.device_count() if device.type != "cpu" else 0
+    return save_config(basic_config(str(mixed_precision).lower(), device.type, count), path)

@@ -1,13 +1,13 @@
 """Accelerate's `accelerate.utils` surface; every name is defined once elsewhere and re-exported."""
 
 from accelerando.checkpoint.atomic import CheckpointError
-from accelerando.commands.config.default import write_basic_config  # noqa: E402 - Accelerate exports it here
 from accelerando.config.env import clear_environment, patch_environment
 from accelerando.config.fsdp import (
     FullyShardedDataParallelPlugin,
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
 )
+from accelerando.config.yaml_config import write_basic_config
 from accelerando.parallel.compile import compile_regions
 from accelerando.parallelism_config import ParallelismConfig
 from accelerando.utils.constants import (
