@@ -11,7 +11,8 @@
 #    compiled steps, plus each fp8 backend by hand vs through accelerando (budget: about 2 minutes,
 #    capped at 200 s); skipped with a line saying so where torchao does not import
 # Writes benchmarks/results/gpu-<date>.md (and copies it to $OUT/ when OUT is set), then exits
-# non-zero if any section failed. PYTHON overrides the interpreter (default: .venv/bin/python if
+# non-zero if any section failed. Wheels in .gpu-wheels/ (tests/gpu/bring_wheels.sh) fill in what the
+# machine's Python lacks (torchao, DeepSpeed). PYTHON overrides the interpreter (default: .venv/bin/python if
 # present, else python3); GPU_BENCH_REPEATS the fresh processes per benchmark cell (default 3).
 # Issues that add CUDA behaviour (DeepSpeed, FP8, TP...) add their tests with the cuda marker and,
 # if they need one, a section here.
@@ -43,10 +44,41 @@ if [ "$GPUS" -eq 0 ]; then
   echo "no CUDA device: these checks only run on the GPU machine ($PYTHON)" >&2
   exit 2
 fi
+# Wheels brought with the code (tests/gpu/bring_wheels.sh): install only what this Python lacks,
+# into a folder placed after src on the path, so the machine's own packages always win.
+BROUGHT=""
+if [ -d .gpu-wheels ]; then
+  BROUGHT=$("$PYTHON" - <<'PY'
+import importlib.metadata as md
+import pathlib
+
+def installed(name):
+    try:
+        md.version(name)
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+names = {p.name.split("-")[0].replace("_", "-").lower() for p in pathlib.Path(".gpu-wheels").glob("*.whl")}
+print(" ".join(sorted(n for n in names if not installed(n))))
+PY
+)
+  if [ -n "$BROUGHT" ]; then
+    # shellcheck disable=SC2086 # one argument per distribution name
+    if "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps \
+      --find-links .gpu-wheels --target "$WORK/site" $BROUGHT; then
+      export PYTHONPATH="$PYTHONPATH:$WORK/site" PATH="$PATH:$WORK/site/bin"  # ninja, for DeepSpeed's JIT ops
+    else
+      echo "could not install the brought wheels ($BROUGHT); going on without them" >&2
+      BROUGHT="(install failed: $BROUGHT)"
+    fi
+  fi
+fi
 {
   echo "# GPU checks, $(date -u '+%F %H:%M UTC')"
   echo
   echo '```'
+  echo "installed from .gpu-wheels: ${BROUGHT:-nothing}"
   git log -1 --format='commit %h %s' 2>/dev/null || true
   "$PYTHON" - <<'PY'
 import importlib.metadata as md
@@ -58,6 +90,11 @@ for name in ("accelerate", "transformers", "safetensors"):
         print(f"{name} {md.version(name)}")
     except md.PackageNotFoundError:
         print(f"{name} not installed")
+for name in ("deepspeed", "torchao"):
+    try:
+        print(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name} not importable")
 for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB")
