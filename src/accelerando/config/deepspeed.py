@@ -449,11 +449,6 @@ def reconcile(
     `*_from` names where an explicit Accelerator value came from (None: only a default, which a
     concrete plugin value replaces). Disagreements are errors naming both values.
     """
-    if mixed_precision == "fp8":
-        raise ValueError(
-            "mixed_precision='fp8' is not available with DeepSpeed in accelerando; use bf16 or fp16 (set in the "
-            "DeepSpeed config or as mixed_precision)"
-        )
     steps = _agree_steps(plugins, gradient_accumulation_steps, accumulation_from)
     precision = _agree_precision(plugins, mixed_precision, precision_from)
     for plugin in plugins.values():
@@ -461,7 +456,7 @@ def reconcile(
         plugin.gradient_accumulation_steps = steps
         for dtype in ("fp16", "bf16"):
             if plugin.get_value(f"{dtype}.enabled") in (None, AUTO):
-                plugin.hf_ds_config.set_value(f"{dtype}.enabled", precision == dtype)
+                plugin.hf_ds_config.set_value(f"{dtype}.enabled", _engine_dtype(precision) == dtype)
     return precision, steps
 
 
@@ -488,8 +483,13 @@ def _agree_steps(plugins: dict[str, DeepSpeedPlugin], steps: int, source: str | 
     return value
 
 
+def _engine_dtype(precision: str) -> str:
+    """The engine's own precision: fp8 runs its fp8 GEMMs inside a bf16 engine, as Accelerate configures it."""
+    return "bf16" if precision == "fp8" else precision
+
+
 def _agree_precision(plugins: dict[str, DeepSpeedPlugin], precision: str, source: str | None) -> str:
-    """An explicit fp16/bf16 (or an explicit 'no' argument) must match every concrete `*.enabled`."""
+    """An explicit fp16/bf16/fp8 (or an explicit 'no' argument) must match every concrete `*.enabled`."""
     found = "no"
     for name, plugin in plugins.items():
         enabled = {d: plugin.get_value(f"{d}.enabled") for d in ("fp16", "bf16")}
@@ -500,7 +500,7 @@ def _agree_precision(plugins: dict[str, DeepSpeedPlugin], precision: str, source
             for dtype, value in enabled.items():
                 if value in (None, AUTO):
                     continue
-                if bool(value) != (precision == dtype):
+                if bool(value) != (_engine_dtype(precision) == dtype):
                     raise ValueError(
                         f"mixed_precision={precision!r} ({source}) contradicts DeepSpeed plugin {name!r}'s "
                         f'{dtype}.enabled={value}; set one of them (or "auto" in the DeepSpeed config)'

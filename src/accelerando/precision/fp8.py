@@ -58,7 +58,7 @@ def float8_config(recipe: AORecipeKwargs) -> Any:
 class TorchAoFp8Precision(Precision):
     name = "fp8"
     backend = "ao"
-    strategies = ("single_device", "ddp", "fsdp2")
+    strategies = ("single_device", "ddp", "fsdp2", "deepspeed")
 
     compute_dtype = torch.bfloat16
 

@@ -87,7 +87,7 @@ def convert_to_te(model: torch.nn.Module, te: Any, module_filter: Any = default_
 class TransformerEngineFp8Precision(Precision):
     name = "fp8"
     backend = "te"
-    strategies = ("single_device", "ddp", "fsdp2")
+    strategies = ("single_device", "ddp", "fsdp2", "deepspeed")
     replaces_parameters = True
 
     compute_dtype = torch.bfloat16

@@ -31,8 +31,8 @@ from accelerando.config.deepspeed import DeepSpeedPlugin
 from accelerando.config.options import DistributedType, DynamoBackend
 from accelerando.parallel.mesh import MeshShape
 from accelerando.precision.base import Precision
+from accelerando.strategies import compose
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy, StrategyContext
-from accelerando.strategies.compose import refuse_multi_device_map
 from accelerando.strategies.deepspeed_config import EngineRequest, engine_config, is_dummy
 from accelerando.utils.deepspeed import (
     DeepSpeedEngineWrapper,
@@ -46,11 +46,32 @@ if TYPE_CHECKING:
 
 
 class EnginePrecision(Precision):
-    """The engine casts, scales and unscales itself: the facade's precision hooks do nothing."""
+    """The engine casts, scales and unscales itself: the facade's precision hooks do nothing, except
+    an fp8 backend's, which runs inside the bf16 engine: its layer conversion and forward context."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
+    def __init__(self, precision: Precision) -> None:
+        self.name = precision.name
+        self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(
+            self.name
+        )
+        self.fp8 = precision if precision.name == "fp8" else None
+        self.backend = precision.backend
+        self.replaces_parameters = precision.replaces_parameters
+
+    @property
+    def wraps_forward(self) -> bool:
+        return self.fp8 is not None
+
+    def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        return self.fp8.convert_module(model) if self.fp8 is not None else model
+
+    def forward_context(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        return self.fp8.forward_context(model) if self.fp8 is not None else contextlib.nullcontext()
+
+    def autocast(
+        self, enabled: bool = True, cache_enabled: bool | None = None
+    ) -> contextlib.AbstractContextManager:
+        return self.fp8.autocast(enabled, cache_enabled) if self.fp8 is not None else contextlib.nullcontext()
 
 
 @dataclass
@@ -104,7 +125,7 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def adapt_precision(cls, precision: Precision) -> Precision:
-        return EnginePrecision(precision.name)
+        return EnginePrecision(precision)
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -177,9 +198,12 @@ class DeepSpeedStrategy(Strategy):
         replaced: dict[int, Any] = {}
         models = []
         for i, (pair, config) in enumerate(zip(pairs, configs)):
+            names = compose.parameter_names([pair.model])
             module = self.prepare_model(
                 pair.model, place=request.placement(i), dynamo=None, evaluation_mode=request.evaluation_mode
             )
+            if pair.optimizer is not None and not is_dummy(pair.optimizer, "optimizer"):
+                self.rebind_optimizers([pair.optimizer], names, [module])  # fp8 layers that replaced theirs
             _set_moe_leaf_modules(module, self.plugin.transformer_moe_cls_names)
             kwargs: dict[str, Any] = {"model": module, "config": config, "dist_init_required": False}
             if is_dummy(pair.optimizer, "optimizer"):
@@ -206,7 +230,7 @@ class DeepSpeedStrategy(Strategy):
         )
 
     def check_model(self, model: torch.nn.Module) -> None:
-        refuse_multi_device_map(model)
+        compose.refuse_multi_device_map(model)
 
     def _register(self, engine: Any, clip: float, *, trainable: bool) -> None:
         record = Engine(engine, self.active, clip, trainable)

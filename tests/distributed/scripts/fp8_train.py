@@ -1,6 +1,8 @@
 """torchao fp8 (tensorwise, rowwise) on 2 gloo ranks under DDP and FSDP2, against bf16 on the same
 steps: the loss falls, the fp8 run ends within FP8_VS_BF16 of the bf16 run,
-and FSDP2 all-gathers the weights in fp8 when asked. One launch for all of it."""
+and FSDP2 all-gathers the weights in fp8 when asked. Under DeepSpeed ZeRO-2 and ZeRO-3 (a bf16
+engine), fp8 through accelerando equals torchao + `deepspeed.initialize` written by hand, loss for
+loss and weight for weight. One launch for all of it."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch.distributed as dist
 
 from accelerando import Accelerator, AORecipeKwargs, FullyShardedDataParallelPlugin
 from accelerando.state import PartialState, reset_runtime
+from accelerando.utils import DeepSpeedPlugin
 
 STEPS = 12
 FP8_VS_BF16 = 0.05  # relative difference of the final loss (fp8 rounding vs bf16 rounding)
@@ -60,6 +63,60 @@ def train(
     return losses, net
 
 
+def _zero(stage: int) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": stage}, "bf16": {"enabled": True},
+    }  # fmt: skip
+
+
+def deepspeed_fp8(stage: int, recipe: str) -> tuple[list[float], list[float], bool]:
+    """(accelerando's losses, by hand's losses, equal full weights) for one ZeRO stage and recipe."""
+    import deepspeed
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from accelerando.precision.fp8 import default_fp8_filter
+
+    reset_runtime()
+    acc = Accelerator(
+        mixed_precision="fp8",
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=_zero(stage)),
+        kwargs_handlers=[AORecipeKwargs(recipe_name=recipe)],
+    )
+    net = model()
+    engine, opt = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-2))
+    ours = []
+    for x, y in data(acc.process_index):
+        loss = torch.nn.functional.mse_loss(engine(x), y)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        ours.append(loss.item())
+    ours_weights = acc.get_state_dict(engine)
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    net = convert_to_float8_training(model(), config=config, module_filter_fn=default_fp8_filter)
+    hand, _, _, _ = deepspeed.initialize(
+        model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-2), config=_zero(stage),
+        dist_init_required=False,
+    )  # fmt: skip
+    theirs = []
+    for x, y in data(acc.process_index):
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # torchao's recipe: fp8 GEMMs under bf16 autocast
+            out = hand(x)
+        loss = torch.nn.functional.mse_loss(out.float(), y)
+        hand.backward(loss)
+        hand.step()
+        theirs.append(loss.item())
+    with deepspeed.zero.GatheredParameters(list(hand.module.parameters()), enabled=stage == 3):
+        same = all(
+            torch.equal(a.float(), b.float())
+            for a, b in zip(ours_weights.values(), hand.module.state_dict().values())
+        )
+    assert sum(type(m).__name__ == "Float8Linear" for m in acc.unwrap_model(engine).modules()) == 4
+    return ours, theirs, same
+
+
 def main() -> None:
     import time
 
@@ -91,6 +148,16 @@ def main() -> None:
             rows.append(
                 f"{kind:5} {name:10} loss {fp8[0]:.4f} -> {fp8[-1]:.4f}  bf16 -> {bf16[-1]:.4f}  gap {gap:.3f}"
             )
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        rows.append("DeepSpeed not installed: its fp8 rows skipped")
+    else:
+        for stage, name in ((2, "tensorwise"), (3, "rowwise")):
+            ours, theirs, same = deepspeed_fp8(stage, name)
+            assert ours == theirs and same, (stage, name, ours, theirs, same)
+            assert ours[-1] < 0.6 * ours[0], (stage, name, ours)
+            rows.append(f"ZeRO-{stage} {name:10} loss {ours[0]:.4f} -> {ours[-1]:.4f}  == by hand")
     if rank == 0:
         print("\n".join(rows))
         print(f"fp8 checks took {time.perf_counter() - start:.1f} s")

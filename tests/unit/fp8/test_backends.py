@@ -102,6 +102,56 @@ def test_te_converts_once_before_wrapping_runs_forward_under_fp8_autocast_and_ma
     assert calls.autocast[-1][0] is False  # evaluation runs without fp8 unless use_autocast_during_eval
 
 
+def test_te_under_deepspeed_trains_the_converted_layers_as_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 ZeRO-2 engine around the TE layers: the optimizer follows the swapped parameters."""
+    deepspeed = pytest.importorskip("deepspeed")
+    from accelerando.utils import DeepSpeedPlugin
+
+    calls = install_transformer_engine(monkeypatch)
+    _every_backend_runs_here(monkeypatch)
+    te = sys.modules["transformer_engine.pytorch"]
+    config = {
+        "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}, "zero_allow_untested_optimizer": True,
+    }  # fmt: skip
+    acc = Accelerator(
+        cpu=True,
+        mixed_precision="fp8",
+        kwargs_handlers=[TERecipeKwargs()],
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=dict(config)),
+    )
+    model = _model()
+    engine, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    module = acc.unwrap_model(engine)
+    assert [type(m) for m in module] == [te.Linear, te.LayerNorm, torch.nn.ReLU, te.Linear, torch.nn.Linear]
+    calls.fp8_forwards = 0
+    ours = _train(engine, opt, None, acc)
+    assert calls.fp8_forwards == 2 * 3  # both te.Linear layers, every step, inside fp8_autocast
+
+    ref = _model()
+    from accelerando.precision.fp8_te import convert_to_te
+
+    convert_to_te(ref, te)
+    hand, *_ = deepspeed.initialize(
+        model=ref,
+        optimizer=torch.optim.SGD(ref.parameters(), lr=0.1),
+        config=dict(config),
+        dist_init_required=False,
+    )
+    by_hand = []
+    for x, y in _batches():
+        with _bf16(), te.fp8_autocast(enabled=True, fp8_recipe=None):
+            out = hand(x)
+        loss = torch.nn.functional.mse_loss(out.float(), y)
+        hand.backward(loss)
+        hand.step()
+        by_hand.append(loss.item())
+    assert ours == by_hand
+    for a, b in zip(module.parameters(), hand.module.parameters()):
+        assert torch.equal(a, b)
+    assert not torch.equal(module[0].weight, _model()[0].weight.to(module[0].weight.dtype))  # it trained
+
+
 def test_te_checkpoints_carry_extra_state_and_load_strictly(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -198,6 +248,21 @@ def test_msamp_refuses_fsdp2_naming_both(monkeypatch: pytest.MonkeyPatch) -> Non
             mixed_precision="fp8",
             kwargs_handlers=[MSAMPRecipeKwargs()],
             fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2),
+        )
+
+
+def test_msamp_refuses_deepspeed_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("deepspeed")
+    from accelerando.utils import DeepSpeedPlugin
+
+    install_msamp(monkeypatch)
+    _every_backend_runs_here(monkeypatch)
+    with pytest.raises(ValueError, match=r"fp8 backend 'msamp' does not support the DeepSpeed strategy"):
+        Accelerator(
+            cpu=True,
+            mixed_precision="fp8",
+            kwargs_handlers=[MSAMPRecipeKwargs()],
+            deepspeed_plugin=DeepSpeedPlugin(zero_stage=2),
         )
 
 

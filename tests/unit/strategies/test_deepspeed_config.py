@@ -105,9 +105,25 @@ def test_the_accelerator_and_the_plugins_agree_on_precision_and_accumulation() -
                 "b": DeepSpeedPlugin(gradient_accumulation_steps=3),
             }
         )
-    with pytest.raises(ValueError, match="fp8' is not available with DeepSpeed"):
+    # fp8 runs inside a bf16 engine, as Accelerate configures it; an fp16 engine contradicts it
+    fp8_plugin = DeepSpeedPlugin()
+    assert reconcile(
+        {"a": fp8_plugin},
+        mixed_precision="fp8",
+        precision_from="x",
+        gradient_accumulation_steps=1,
+        accumulation_from=None,
+    ) == ("fp8", 1)
+    assert fp8_plugin.get_value("bf16.enabled") is True and fp8_plugin.get_value("fp16.enabled") is False
+    with pytest.raises(
+        ValueError, match=r"mixed_precision='fp8' \(x\) contradicts DeepSpeed plugin 'a''s fp16"
+    ):
         reconcile(
-            {"a": DeepSpeedPlugin()},
+            {
+                "a": DeepSpeedPlugin(
+                    hf_ds_config={"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}
+                )
+            },
             mixed_precision="fp8",
             precision_from="x",
             gradient_accumulation_steps=1,
