@@ -29,6 +29,27 @@ _MULTI = {
 }
 
 
+class GroupKeeper:
+    """Holds a DDP model's process group from Python, so that the group's last reference is never its reducer's.
+
+    Freeing a DDP model frees its attributes in the order they were set. The C++ reducer (and its logger)
+    holds the group; if the reducer drops the last reference, the gloo group's destructor joins gloo's
+    worker threads while the freeing thread holds the GIL, and a worker still releasing a finished
+    collective's tensors (whose Python objects need the GIL) never finishes: the rank hangs where the
+    model goes out of scope, e.g. at the end of a script's `main()` after `end_training()`. Set after
+    the reducer and logger, this keeper is freed after them, and a Python group object releases the
+    GIL before destroying its group. It pickles (and deep-copies) as an empty keeper: groups do not travel.
+    """
+
+    __slots__ = ("group",)
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def __reduce__(self) -> tuple[type[GroupKeeper], tuple[None]]:
+        return GroupKeeper, (None,)
+
+
 class DDPStrategy(Strategy):
     name = "ddp"
 
@@ -59,6 +80,8 @@ class DDPStrategy(Strategy):
             arguments["process_group"] = group
         wrapped = DistributedDataParallel(model, device_ids=device_ids, **arguments)
         self._register_comm_hook(wrapped)
+        # set last, so freed after the reducer and logger: see GroupKeeper
+        object.__setattr__(wrapped, "_accelerando_group_keeper", GroupKeeper(wrapped.process_group))
         return wrapped
 
     def _ddp_arguments(self) -> dict[str, Any]:

@@ -40,6 +40,11 @@ def check_ddp_equals_full_batch(acc):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
     assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    # the group is held from Python by an attribute set after the reducer and logger, so freed after them
+    order = list(vars(model))
+    last_cpp_holder = max(order.index("reducer"), order.index("logger"))
+    assert order.index("_accelerando_group_keeper") > last_cpp_holder, order
+    assert model._accelerando_group_keeper.group is model.process_group
     r = acc.process_index
     for step in range(4):  # global batch of 8 = 4 per rank
         lo = step * 8 + r * 4
