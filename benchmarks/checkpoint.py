@@ -6,8 +6,9 @@ or `--small` (~64 MB model) for a quick check, `--size-mb N` for another size. A
 too when it is importable.
 
 The asynchronous rows (`save_state(async_save=True)`) time what training notices: the stall (the
-call until it returns: the copy to host memory) next to the synchronous save's time, and training
-steps/s while the background write runs next to steps/s with no save going on.
+call until it returns, plus the wait of the next optimizer step for the deferred host copy) next to
+the synchronous save's time, with every copy made on the caller for comparison, and the steps that
+run beside the background write next to steps with no save going on (medians over `--rounds`).
 """
 
 from __future__ import annotations
