@@ -90,7 +90,10 @@ def protected_storages(optimizers: list[torch.optim.Optimizer]) -> set[int]:
     for opt in optimizers:
         tensors = [p for g in opt.param_groups for p in g["params"]]
         tensors += [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-        out.update(t.untyped_storage().data_ptr() for t in tensors)
+        # a wrapper subclass (FSDP2's DTensor parameters) has no storage of its own; its state is
+        # gathered or staged into fresh tensors, which are copied at once
+        plain = (torch.Tensor, torch.nn.Parameter)
+        out.update(t.untyped_storage().data_ptr() for t in tensors if type(t) in plain)
     out.discard(0)
     return out
 
