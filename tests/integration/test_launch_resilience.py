@@ -69,6 +69,22 @@ def test_sigkill_of_the_launcher_leaves_no_orphan_workers(tmp_path: Path, no_pyt
             launcher.kill()
 
 
+def test_rank_killed_during_async_save_ends_the_job_in_seconds(tmp_path: Path) -> None:
+    """Rank 1 is SIGKILLed while its background thread writes an asynchronous save, no restarts:
+    rank 0 learns it from gloo's closed connection (not the process group's timeout) and the agent
+    ends the job naming rank 1; the half-written checkpoint is not published, the one before stays."""
+    args = ["launch", "-q", "--cpu", "--num_processes", "2", "cli_resume.py",
+            str(tmp_path / "project"), "8", "async"]  # fmt: skip
+    start = time.monotonic()
+    proc = run_cli(args, clean_env(tmp_path))
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr
+    assert "first failure: rank 1 " in proc.stderr and "SIGKILL (not sent by the launcher)" in proc.stderr
+    assert elapsed < 90, elapsed  # start-up and 8 steps included; the process-group timeout is 30 min
+    root = tmp_path / "project" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == [".checkpoint_1.incomplete", "checkpoint_0"]
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_killed_rank_restarts_resumes_and_ends_bit_identical(tmp_path: Path, mode: str) -> None:
     """Rank 1 is SIGKILLed at a seeded step between two checkpoints (`sync`), or during the background

@@ -1,9 +1,14 @@
-"""`save_state(..., async_save=True)`: snapshot to host memory now, write and publish in the background.
+"""`save_state(..., async_save=True)`: snapshot to host memory, write and publish in the background.
 
-Why two phases: the caller's thread must copy every tensor before training changes it again, but
-the file writes, the flush and the manifest need not hold the training loop up. The snapshot runs
-the same code as a synchronous save against a `DeferredStage`, which copies each state to host
-memory and queues its write; sharded (DCP) state is copied by DCP's own `DefaultStager`, the one
+Why the snapshot is mostly taken later: the only thing that changes a model's parameters and its
+optimizer's state between two saves is the optimizer step, so the caller's thread copies at once
+only the tensors something else may change (buffers that a forward pass updates, the RNG, the
+scheduler, gathered full state dicts) and lists the rest. The background thread copies those
+while training runs its next forward and backward passes; a step pre-hook on every prepared
+optimizer makes the next `optimizer.step()` wait until the copy is done. Every deferred tensor's
+version counter is compared after its copy, so an in-place change that did not wait (a manual
+`p.add_()` between the save and the step) fails the save instead of writing a mixed state.
+Sharded (DCP) state is copied on the caller by DCP's own `DefaultStager`, the one
 `torch.distributed.checkpoint.async_save` uses, and written by `dcp.save` from our thread (one
 `async_save` per model and optimizer would run their collectives concurrently on one group).
 
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,65 @@ from accelerando.checkpoint import atomic, naming
 from accelerando.checkpoint.atomic import CheckpointError, StagedCheckpoint
 
 SUPPORTED_FORMATS = ("full", "sharded")  # StateIO names whose save goes through the stage only
+
+
+class Snapshot:
+    """One save's host copies that wait for the background thread, and the wait they cost training.
+
+    `protected` holds the storages that only a hooked optimizer step changes (its parameters and
+    state); a CPU tensor on one of them is copied by `fill` on the background thread, any other
+    tensor at once.
+    """
+
+    def __init__(self, protected: set[int]) -> None:
+        self.protected = protected
+        self._later: list[tuple[torch.Tensor, torch.Tensor, int, str]] = []
+        self.copied = threading.Event()
+        self.waited_s = 0.0  # time optimizer steps spent waiting for `fill` (the stall it caused)
+
+    def defers(self, src: torch.Tensor) -> bool:
+        ptr = src.untyped_storage().data_ptr()
+        return src.device.type == "cpu" and ptr != 0 and ptr in self.protected
+
+    def later(self, src: torch.Tensor, buf: torch.Tensor, key: tuple[Any, ...]) -> None:
+        self._later.append((src, buf, src._version, "/".join(map(str, key))))
+
+    def fill(self) -> None:
+        """Copy what was deferred (background thread); the copy is refused if training changed it."""
+        try:
+            for src, buf, version, name in self._later:
+                buf.copy_(src)
+                if src._version != version:
+                    raise CheckpointError(
+                        f"{name!r} was changed in place after save_state(async_save=True) returned and "
+                        "before its host copy was taken; only optimizer.step() of a prepared optimizer "
+                        "waits for the copy (change parameters by hand only before save_state, or "
+                        "after an optimizer step)"
+                    )
+        finally:
+            self._later.clear()  # no reference to live tensors outlives the copy
+            self.copied.set()
+
+    def wait(self) -> None:
+        """Block until `fill` is done (the training thread, before an optimizer step)."""
+        if not self.copied.is_set():
+            start = time.perf_counter()
+            self.copied.wait()
+            self.waited_s += time.perf_counter() - start
+
+
+def protected_storages(optimizers: list[torch.optim.Optimizer]) -> set[int]:
+    """Storages of the parameters and state tensors that these optimizers' steps change."""
+    out: set[int] = set()
+    for opt in optimizers:
+        tensors = [p for g in opt.param_groups for p in g["params"]]
+        tensors += [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        # a wrapper subclass (FSDP2's DTensor parameters) has no storage of its own; its state is
+        # gathered or staged into fresh tensors, which are copied at once
+        plain = (torch.Tensor, torch.nn.Parameter)
+        out.update(t.untyped_storage().data_ptr() for t in tensors if type(t) in plain)
+    out.discard(0)
+    return out
 
 
 class HostBuffers:
@@ -44,9 +110,12 @@ class HostBuffers:
     def __init__(self) -> None:
         self._store: dict[tuple[Any, ...], torch.Tensor] = {}
         self.stagers: dict[str, Any] = {}  # DCP's stagers, one per sharded folder
+        self.snapshot: Snapshot | None = None  # the save being taken: copies it may defer
+        # optimizer -> its step pre-hook's handle (weak: an id could be reused by a new optimizer)
+        self.guarded: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def copy(self, obj: Any, key: tuple[Any, ...] = ()) -> Any:
-        """A copy of `obj` whose tensors share nothing with training."""
+        """A copy of `obj` whose tensors share nothing with training (some filled by `Snapshot.fill`)."""
         if isinstance(obj, torch.Tensor):
             return self._tensor(obj.detach(), key)
         if isinstance(obj, dict):
@@ -57,27 +126,41 @@ class HostBuffers:
         return copy.deepcopy(obj)
 
     def _tensor(self, src: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor:
+        if type(src) is not torch.Tensor:  # a subclass (DTensor) is copied as itself, unbuffered
+            return src.to("cpu", copy=True)
         buf = self._store.get(key)
-        plain = type(src) is torch.Tensor
-        if (
-            plain
-            and buf is not None
-            and (buf.shape, buf.stride(), buf.dtype) == (src.shape, src.stride(), src.dtype)
-        ):
-            return buf.copy_(src)
-        out = src.to("cpu", copy=True)
-        if plain:
-            self._store[key] = out
-        return out
+        if buf is None or (buf.shape, buf.stride(), buf.dtype) != (src.shape, src.stride(), src.dtype):
+            buf = self._store[key] = torch.empty_like(src, device="cpu")
+        snapshot = self.snapshot
+        if snapshot is not None and snapshot.defers(src):
+            snapshot.later(src, buf, key)
+        else:
+            buf.copy_(src)
+        return buf
+
+    def guard(self, optimizers: list[torch.optim.Optimizer], current: Callable[[], Snapshot | None]) -> None:
+        """Make each optimizer's step wait for the copy of the snapshot being taken (hooked once)."""
+
+        def before_step(*_: Any) -> None:
+            snapshot = current()
+            if snapshot is not None:
+                snapshot.wait()
+
+        for opt in optimizers:
+            if opt not in self.guarded:
+                self.guarded[opt] = opt.register_step_pre_hook(before_step)
 
 
 class DeferredStage(StagedCheckpoint):
     """A staging directory whose writes are copied now and performed later, in order, by `flush`."""
 
-    def __init__(self, target: str | Path, *, is_writer: bool, group: Any, buffers: HostBuffers) -> None:
+    def __init__(
+        self, target: str | Path, *, is_writer: bool, group: Any, buffers: HostBuffers, snapshot: Snapshot
+    ) -> None:
         super().__init__(target, is_writer=is_writer)
         self.group = group
         self.buffers = buffers
+        self.snapshot = snapshot
         self._queue: list[Callable[[], None]] = []
         self.host_bytes = 0  # what the snapshot holds in host memory (reported in the docs' terms)
 
@@ -111,7 +194,8 @@ class DeferredStage(StagedCheckpoint):
         self._queue.append(run)
 
     def flush(self) -> None:
-        """Perform the queued writes (background thread); each drops its host copy once done."""
+        """Take the deferred copies, then perform the queued writes (background thread)."""
+        self.snapshot.fill()
         while self._queue:
             self._queue.pop(0)()
 

@@ -146,6 +146,8 @@ class Checkpointer:
             self._write_all(stage, layout, state_io, models, weights)
         except BaseException as err:  # noqa: BLE001 - every rank must learn of the failure first
             error = err
+        if self._host_buffers is not None:
+            self._host_buffers.snapshot = None  # copies outside a save are never deferred
         if atomic.any_rank(error is not None):
             stage.abort()
             if error is not None:
@@ -180,7 +182,9 @@ class Checkpointer:
             SUPPORTED_FORMATS,
             DeferredStage,
             HostBuffers,
+            Snapshot,
             checkpoint_group,
+            protected_storages,
         )
 
         if state_format not in SUPPORTED_FORMATS:
@@ -190,10 +194,18 @@ class Checkpointer:
                 f"the {' and '.join(SUPPORTED_FORMATS)} state formats (single device, DDP, FSDP2, "
                 "tensor parallel). Use save_state(async_save=False)"
             )
-        if self._host_buffers is None:
-            self._host_buffers = HostBuffers()
+        buffers = self._host_buffers = self._host_buffers or HostBuffers()
+        optimizers = [slot.optimizer for slot in self._optimizer_slots()]
+        buffers.guard(optimizers, self._snapshot_in_progress)  # steps wait for the deferred copies
+        snapshot = buffers.snapshot = Snapshot(protected_storages(optimizers))
         group = checkpoint_group()
-        return DeferredStage(target, is_writer=self._is_writer, group=group, buffers=self._host_buffers)
+        return DeferredStage(
+            target, is_writer=self._is_writer, group=group, buffers=buffers, snapshot=snapshot
+        )
+
+    def _snapshot_in_progress(self) -> Any:
+        """The pending asynchronous save's snapshot (an optimizer step waits for its copies)."""
+        return self._pending.stage.snapshot if self._pending is not None else None
 
     def _write_all(
         self,

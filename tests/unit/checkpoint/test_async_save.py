@@ -62,3 +62,63 @@ def test_host_memory_of_the_snapshot(setup: Setup, tmp_path: Path) -> None:
     setup.acc.end_training()
     weights = sum(p.numel() * p.element_size() for p in setup.model.parameters())
     assert 3 * weights <= held < 3 * weights + 64 * 1024, (held, weights)
+
+
+def test_snapshot_is_the_state_at_the_call(setup: Setup, tmp_path: Path) -> None:
+    """The copies deferred to the background thread hold the state save_state saw: the next
+    optimizer step waits for them, so what it changes right after the call never leaks in."""
+    import threading
+
+    from accelerando.checkpoint import async_save
+
+    setup.step(2)
+    ref = setup.acc.save_state(str(tmp_path / "sync"))
+    step_started = threading.Event()
+    setup.opt.optimizer.register_step_pre_hook(lambda *_: step_started.set())  # runs before ours
+    fill = async_save.Snapshot.fill
+
+    def late_fill(self):  # type: ignore[no-untyped-def]
+        step_started.wait()  # the copy starts only once the optimizer step is under way
+        fill(self)
+
+    async_save.Snapshot.fill = late_fill  # type: ignore[method-assign]
+    try:
+        pending = setup.acc.save_state(str(tmp_path / "async"), async_save=True)
+        setup.step(1)  # mutates every parameter and AdamW moment in place
+        setup.acc._checkpointer().wait()
+    finally:
+        async_save.Snapshot.fill = fill  # type: ignore[method-assign]
+    assert _files(pending) == _files(ref)  # same bytes (size, CRC-32 per file) as before the step
+    assert setup.acc._checkpointer()._host_buffers.snapshot is None
+
+
+def test_mutation_outside_optimizer_step_fails_the_save(setup: Setup, tmp_path: Path) -> None:
+    """A change that does not wait for the copy is caught by the version counter, not written."""
+    import threading
+
+    import torch
+
+    from accelerando.checkpoint import async_save
+    from accelerando.checkpoint.atomic import CheckpointError
+
+    setup.step()
+    checkpointer = setup.acc._checkpointer()
+    snapshot_gate = threading.Event()  # the copy waits until the parameter was changed
+
+    fill = async_save.Snapshot.fill
+
+    def gated(self):  # type: ignore[no-untyped-def]
+        snapshot_gate.wait()
+        fill(self)
+
+    async_save.Snapshot.fill = gated  # type: ignore[method-assign]
+    try:
+        pending = setup.acc.save_state(str(tmp_path / "a"), async_save=True)
+        with torch.no_grad():
+            next(setup.model.parameters()).add_(1.0)
+        snapshot_gate.set()
+        with pytest.raises(CheckpointError, match="changed in place after save_state"):
+            checkpointer.wait()
+    finally:
+        async_save.Snapshot.fill = fill  # type: ignore[method-assign]
+    assert not Path(pending).exists()
