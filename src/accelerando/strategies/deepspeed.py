@@ -33,7 +33,12 @@ from accelerando.parallel.mesh import MeshShape
 from accelerando.precision.base import Precision
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy, StrategyContext
 from accelerando.strategies.compose import refuse_multi_device_map
-from accelerando.strategies.deepspeed_config import EngineRequest, engine_config, is_dummy
+from accelerando.strategies.deepspeed_config import (
+    EngineRequest,
+    engine_config,
+    is_dummy,
+    optimizer_for_engine,
+)
 from accelerando.utils.deepspeed import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -81,6 +86,9 @@ class DeepSpeedStrategy(Strategy):
         self.split_batches = split_batches
         self.engines: list[Engine] = []
         self._by_id: dict[int, Engine] = {}  # id(engine), id(module), id(optimizer), id(parameter)
+        # Accelerate's `accelerator.deepspeed_engine_wrapped`: the first engine prepared (backward here
+        # finds each loss's own engine, so later ones need no warning that backward ignores them)
+        self.engine_wrapped: DeepSpeedEngineWrapper | None = None
 
     @classmethod
     def options(cls, config: ResolvedConfig) -> dict[str, Any]:
@@ -187,7 +195,7 @@ class DeepSpeedStrategy(Strategy):
                 if is_dummy(pair.scheduler, "scheduler") and pair.scheduler.lr_scheduler_callable is not None:
                     kwargs["lr_scheduler"] = pair.scheduler.lr_scheduler_callable
             elif pair.optimizer is not None:
-                kwargs["optimizer"] = pair.optimizer
+                kwargs["optimizer"] = optimizer_for_engine(pair.optimizer, config)
             engine, optimizer, _, _ = deepspeed.initialize(**kwargs)
             if request.dynamo.backend != DynamoBackend.NO:
                 compile_kwargs = request.dynamo.to_kwargs()
@@ -213,6 +221,8 @@ class DeepSpeedStrategy(Strategy):
         if not hasattr(engine.optimizer, "clip_grad") and record.trainable:
             engine._config.gradient_clipping = 0.0  # a plain torch optimizer: clip_grad_norm_ clips it here
         self.engines.append(record)
+        if self.engine_wrapped is None:
+            self.engine_wrapped = DeepSpeedEngineWrapper(engine)
         keys = [engine, engine.module, *engine.module.parameters()]
         if engine.optimizer is not None:
             keys.append(engine.optimizer)
@@ -361,6 +371,7 @@ class DeepSpeedStrategy(Strategy):
                 record.engine.destroy()
         self.engines.clear()
         self._by_id.clear()
+        self.engine_wrapped = None
 
 
 def _pair(request: PrepareRequest) -> list[EngineRequest]:

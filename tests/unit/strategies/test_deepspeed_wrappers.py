@@ -172,3 +172,78 @@ def test_backward_passes_scale_wrt_gas_through_as_accelerate_does(scale_wrt_gas:
             opt.zero_grad()
     assert model.global_steps == 2
     same(model, sgd_reference(batches, accum=2))
+
+
+def test_deepspeed_engine_wrapped_is_the_first_engine_prepared_as_in_accelerate() -> None:
+    """None before prepare; the first engine afterwards, kept when a second (inference) engine is
+    prepared; None after free_memory. Without DeepSpeed the attribute is absent, as in Accelerate."""
+    plugins = {"student": DeepSpeedPlugin(zero_stage=2), "teacher": DeepSpeedPlugin(zero_stage=3)}
+    acc = Accelerator(cpu=True, deepspeed_plugins=plugins)
+    assert acc.deepspeed_engine_wrapped is None
+    model = net()
+    loader = torch.utils.data.DataLoader(torch.zeros(8, 1), batch_size=2)
+    model, opt, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), loader)
+    wrapped = acc.deepspeed_engine_wrapped
+    assert isinstance(wrapped, DeepSpeedEngineWrapper) and wrapped.engine is model
+    acc.state.select_deepspeed_plugin("teacher")
+    frozen = acc.prepare(net().requires_grad_(False))
+    acc.state.select_deepspeed_plugin("student")
+    assert acc.deepspeed_engine_wrapped is wrapped and frozen is not model
+    batches = data(1)
+    wrapped.backward(loss_of(model, batches[0]))  # Accelerate's loop through the attribute
+    assert model.global_steps == 1
+    same(model, sgd_reference(batches))
+    acc.free_memory()
+    assert acc.deepspeed_engine_wrapped is None
+
+
+def test_without_deepspeed_there_is_no_deepspeed_engine_wrapped() -> None:
+    assert not hasattr(Accelerator(cpu=True), "deepspeed_engine_wrapped")
+
+
+def test_map_pytorch_optim_to_deepspeed_picks_deepspeeds_cpu_optimizer() -> None:
+    """The class and keywords of Accelerate's mapping (checked without building the JIT-compiled op);
+    an optimizer with no CPU equivalent is refused with the accepted ones named."""
+    import accelerate.utils
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    from accelerando.utils import map_pytorch_optim_to_deepspeed
+    from accelerando.utils.deepspeed import deepspeed_cpu_optimizer_class
+
+    assert list(inspect.signature(map_pytorch_optim_to_deepspeed).parameters) == list(
+        inspect.signature(accelerate.utils.map_pytorch_optim_to_deepspeed).parameters
+    )
+    params = list(net().parameters())
+    pick = deepspeed_cpu_optimizer_class
+    assert pick(torch.optim.AdamW(params, lr=0.3, weight_decay=0.2)) == (
+        DeepSpeedCPUAdam,
+        {"lr": 0.3, "weight_decay": 0.2, "adamw_mode": True},
+    )
+    assert pick(torch.optim.Adam(params, lr=0.3)) == (
+        DeepSpeedCPUAdam,
+        {"lr": 0.3, "weight_decay": 0, "adamw_mode": False},
+    )
+    assert pick(torch.optim.Adagrad(params, lr=0.3)) == (DeepSpeedCPUAdagrad, {"lr": 0.3, "weight_decay": 0})
+    with pytest.raises(ValueError, match=r"torch\.optim\.sgd\.SGD has no DeepSpeed CPU optimizer.*AdamW"):
+        pick(torch.optim.SGD(params, lr=0.1))
+    with pytest.raises(ValueError, match="no amsgrad; AdamW uses it"):
+        pick(torch.optim.AdamW(params, amsgrad=True))
+
+
+def test_forcing_deepspeeds_cpu_optimizer_refuses_one_without_equivalent_before_any_engine() -> None:
+    """ZeRO-Offload keeps the torch optimizer unless the config forces DeepSpeed's CPU optimizer;
+    forced, an SGD (which Accelerate would silently turn into Adam) stops prepare."""
+    from accelerando.strategies.deepspeed_config import EngineRequest, engine_config, optimizer_for_engine
+
+    model = net()
+    sgd = torch.optim.SGD(model.parameters(), lr=LR)
+    kept = DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu")
+    config = engine_config(kept, EngineRequest(model, sgd), batch_sizes=[2], accumulation=1, world_size=1)
+    assert config["zero_force_ds_cpu_optimizer"] is False and optimizer_for_engine(sgd, config) is sgd
+    forced = DeepSpeedPlugin(
+        hf_ds_config={"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                      "zero_force_ds_cpu_optimizer": True}
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="SGD has no DeepSpeed CPU optimizer"):
+        engine_config(forced, EngineRequest(model, sgd), batch_sizes=[2], accumulation=1, world_size=1)
