@@ -129,28 +129,28 @@ def get_active_deepspeed_plugin(state: Any) -> DeepSpeedPlugin:
 
 def deepspeed_cpu_optimizer_class(optimizer: Any) -> tuple[type, dict[str, Any]]:
     """DeepSpeed's CPU optimizer doing `optimizer`'s update, and the keywords that make it the same
-    update: torch Adam/AdamW (and bitsandbytes' 32-bit AdamW) -> `DeepSpeedCPUAdam` (`adamw_mode`
-    says which), torch and 32-bit bitsandbytes Adagrad -> `DeepSpeedCPUAdagrad`, 32-bit bitsandbytes
-    Lion -> `DeepSpeedCPULion`. Importing them builds nothing; building one JIT-compiles its op."""
+    update: torch and 32-bit bitsandbytes Adam/AdamW -> `DeepSpeedCPUAdam` (`adamw_mode` says which:
+    decoupled weight decay), torch and 32-bit bitsandbytes Adagrad -> `DeepSpeedCPUAdagrad`, 32-bit
+    bitsandbytes Lion -> `DeepSpeedCPULion`. Importing them builds nothing; building one JIT-compiles
+    its op. A setting the CPU optimizers lack (amsgrad, maximize, Adagrad's lr_decay and initial
+    accumulator) is refused rather than silently dropped."""
     import torch
 
     kind = type(optimizer)
     name, from_bnb = kind.__name__, kind.__module__.startswith("bitsandbytes")
-    unmatched = [k for k in ("amsgrad", "maximize") if any(g.get(k) for g in optimizer.param_groups)]
+    lacking = ("amsgrad", "maximize", "lr_decay", "initial_accumulator_value")
+    unmatched = [k for k in lacking if any(g.get(k) for g in optimizer.param_groups)]
     if unmatched:
         raise ValueError(f"DeepSpeed's CPU optimizers have no {' or '.join(unmatched)}; {name} uses it")
     bits = getattr(optimizer, "optim_bits", getattr(getattr(optimizer, "args", None), "optim_bits", 32))
     defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) or (
-        from_bnb and "AdamW" in name and bits == 32
+        from_bnb and "Adam" in name and bits == 32
     ):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        adamw = (
-            isinstance(optimizer, torch.optim.AdamW)
-            or from_bnb
-            or optimizer.defaults.get("decoupled_weight_decay")
-        )
+        adamw = isinstance(optimizer, torch.optim.AdamW) or "AdamW" in name
+        adamw = adamw or optimizer.defaults.get("decoupled_weight_decay")
         return DeepSpeedCPUAdam, {**defaults, "adamw_mode": bool(adamw)}
     if isinstance(optimizer, torch.optim.Adagrad) or (from_bnb and "Adagrad" in name and bits == 32):
         from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
@@ -162,7 +162,7 @@ def deepspeed_cpu_optimizer_class(optimizer: Any) -> tuple[type, dict[str, Any]]
         return DeepSpeedCPULion, defaults
     raise ValueError(
         f"{kind.__module__}.{name} has no DeepSpeed CPU optimizer to offload to; accepted: torch.optim.Adam, "
-        "AdamW, Adagrad and bitsandbytes' 32-bit AdamW, Adagrad, Lion. Keep your optimizer with "
+        "AdamW, Adagrad and bitsandbytes' 32-bit Adam, AdamW, Adagrad, Lion. Keep your optimizer with "
         '"zero_force_ds_cpu_optimizer": false, or define the optimizer in the DeepSpeed config'
     )
 

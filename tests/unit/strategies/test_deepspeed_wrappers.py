@@ -229,6 +229,21 @@ def test_map_pytorch_optim_to_deepspeed_picks_deepspeeds_cpu_optimizer() -> None
         pick(torch.optim.SGD(params, lr=0.1))
     with pytest.raises(ValueError, match="no amsgrad; AdamW uses it"):
         pick(torch.optim.AdamW(params, amsgrad=True))
+    with pytest.raises(ValueError, match="no lr_decay; Adagrad uses it"):
+        pick(torch.optim.Adagrad(params, lr_decay=0.1))
+    # Adam with decoupled weight decay is AdamW's update (Accelerate would pick adamw_mode=False).
+    assert pick(torch.optim.Adam(params, decoupled_weight_decay=True))[1]["adamw_mode"] is True
+    # bitsandbytes (not installed here): the class name, module and optim_bits decide, as in Accelerate.
+    bnb = {name: type(name, (torch.optim.SGD,), {"__module__": "bitsandbytes.optim.x"}) for name in
+           ("Adam32bit", "AdamW32bit", "AdamW8bit")}  # fmt: skip
+    for name, mode in (("Adam32bit", False), ("AdamW32bit", True)):
+        optimizer = bnb[name](params, lr=0.3)
+        optimizer.optim_bits = 32
+        assert pick(optimizer) == (DeepSpeedCPUAdam, {"lr": 0.3, "weight_decay": 0, "adamw_mode": mode})
+    eight_bit = bnb["AdamW8bit"](params, lr=0.3)
+    eight_bit.optim_bits = 8
+    with pytest.raises(ValueError, match="AdamW8bit has no DeepSpeed CPU optimizer"):
+        pick(eight_bit)
 
 
 def test_forcing_deepspeeds_cpu_optimizer_refuses_one_without_equivalent_before_any_engine() -> None:
@@ -247,3 +262,12 @@ def test_forcing_deepspeeds_cpu_optimizer_refuses_one_without_equivalent_before_
     )  # fmt: skip
     with pytest.raises(ValueError, match="SGD has no DeepSpeed CPU optimizer"):
         engine_config(forced, EngineRequest(model, sgd), batch_sizes=[2], accumulation=1, world_size=1)
+    # Forced: a torch optimizer is mapped, one of DeepSpeed's own passes unchanged (not rebuilt as Adam).
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    from accelerando.strategies.deepspeed_config import _needs_cpu_optimizer
+
+    config = engine_config(forced, EngineRequest(model, None), batch_sizes=[2], accumulation=1, world_size=1)
+    assert _needs_cpu_optimizer(torch.optim.AdamW(model.parameters()), config)
+    unbuilt = DeepSpeedCPUAdam.__new__(DeepSpeedCPUAdam)  # its type is all that counts; no op is built
+    assert not _needs_cpu_optimizer(unbuilt, config) and optimizer_for_engine(unbuilt, config) is unbuilt
