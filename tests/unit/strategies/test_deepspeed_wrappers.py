@@ -271,3 +271,49 @@ def test_forcing_deepspeeds_cpu_optimizer_refuses_one_without_equivalent_before_
     assert _needs_cpu_optimizer(torch.optim.AdamW(model.parameters()), config)
     unbuilt = DeepSpeedCPUAdam.__new__(DeepSpeedCPUAdam)  # its type is all that counts; no op is built
     assert not _needs_cpu_optimizer(unbuilt, config) and optimizer_for_engine(unbuilt, config) is unbuilt
+
+
+def test_map_pytorch_optim_to_deepspeed_builds_what_accelerates_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both mappings run with DeepSpeed's CPU optimizer classes replaced by subclasses that record
+    their arguments instead of JIT-compiling the op: same class, same parameter groups, same keywords
+    for torch Adam and AdamW; Adagrad gets the same class (Accelerate also passes `adamw_mode`, which
+    DeepSpeedCPUAdagrad does not take)."""
+    import accelerate.utils
+    import deepspeed.ops.adagrad
+    import deepspeed.ops.adam
+
+    from accelerando.utils import map_pytorch_optim_to_deepspeed
+
+    def recording(cls: type) -> type:
+        def init(self: Any, params: Any, **kwargs: Any) -> None:
+            self.groups, self.kwargs = params, kwargs
+
+        return type(cls.__name__, (cls,), {"__init__": init})
+
+    for module, name in (
+        (deepspeed.ops.adam, "DeepSpeedCPUAdam"),
+        (deepspeed.ops.adagrad, "DeepSpeedCPUAdagrad"),
+    ):
+        monkeypatch.setattr(module, name, recording(getattr(module, name)))
+    model = net()
+    groups = [{"params": [model[0].weight], "lr": 0.5}, {"params": list(model[2].parameters())}]
+    for make in (torch.optim.AdamW, torch.optim.Adam):
+        theirs = accelerate.utils.map_pytorch_optim_to_deepspeed(make(groups, lr=0.3, weight_decay=0.1))
+        mine = map_pytorch_optim_to_deepspeed(make(groups, lr=0.3, weight_decay=0.1))
+        assert type(mine) is type(theirs) is deepspeed.ops.adam.DeepSpeedCPUAdam
+        assert (
+            mine.kwargs
+            == theirs.kwargs
+            == {"lr": 0.3, "weight_decay": 0.1, "adamw_mode": make is torch.optim.AdamW}
+        )
+        assert [g["lr"] for g in mine.groups] == [g["lr"] for g in theirs.groups] == [0.5, 0.3]
+        assert [g["params"] for g in mine.groups] == [g["params"] for g in theirs.groups]
+    theirs = accelerate.utils.map_pytorch_optim_to_deepspeed(torch.optim.Adagrad(model.parameters(), lr=0.3))
+    mine = map_pytorch_optim_to_deepspeed(torch.optim.Adagrad(model.parameters(), lr=0.3))
+    assert type(mine) is type(theirs) is deepspeed.ops.adagrad.DeepSpeedCPUAdagrad
+    assert mine.kwargs == {"lr": 0.3, "weight_decay": 0} and theirs.kwargs == {
+        **mine.kwargs,
+        "adamw_mode": False,
+    }
