@@ -67,7 +67,7 @@ class Engine:
     clip: float  # the config's gradient_clipping (0: clip only when clip_grad_norm_ asks)
     trainable: bool  # built with an optimizer (an inference engine has none)
     needs_step: bool = False  # a boundary backward ran and the engine has not stepped since
-    last_norm: float | None = None
+    last_norm: Any = None  # as the engine gave it: read when clip_grad_norm_ asks, no sync per step
 
     @property
     def stage(self) -> int:
@@ -303,7 +303,7 @@ class DeepSpeedStrategy(Strategy):
         if record.needs_step:
             self._step(record, 0.0 if math.isinf(max_norm) else float(max_norm))
         norm = record.last_norm if record.last_norm is not None else float("nan")
-        return torch.tensor(norm, device=self.ctx.device)
+        return torch.as_tensor(norm, dtype=torch.float32, device=self.ctx.device).detach().clone()
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
         if any(id(p) in self._by_id for p in parameters):
@@ -334,7 +334,7 @@ class DeepSpeedStrategy(Strategy):
                 engine.module.parameters(), value if value > 0 else math.inf
             )
             engine.step()
-        record.last_norm = None if norm is None else float(norm)
+        record.last_norm = norm
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         record = self._by_id.get(id(model))
