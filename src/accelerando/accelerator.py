@@ -181,6 +181,7 @@ class Accelerator(ConfigViews, MeshViews):
     use_distributed = _from_state("use_distributed")
     is_fsdp2 = _from_state("is_fsdp2")
     deepspeed_plugin = _from_state("deepspeed_plugin")
+    deepspeed_engine_wrapped = property(lambda self: self.strategy.engine_wrapped)  # DeepSpeed: first engine
     wait_for_everyone = _state_method("wait_for_everyone")
     main_process_first = _state_method("main_process_first")
     local_main_process_first = _state_method("local_main_process_first")
@@ -255,11 +256,8 @@ class Accelerator(ConfigViews, MeshViews):
         return result[0] if len(result) == 1 else tuple(result)
 
     def _registry_of(self, kind: str) -> list[Any]:
-        registries: dict[str, list[Any]] = {
-            _prepare.MODEL: self._models,
-            _prepare.OPTIMIZER: self._optimizers,
-        }
-        return {**registries, _prepare.SCHEDULER: self._schedulers}.get(kind, [])
+        registries: list[list[Any]] = [self._models, self._optimizers, self._schedulers]
+        return dict(zip((_prepare.MODEL, _prepare.OPTIMIZER, _prepare.SCHEDULER), registries)).get(kind, [])
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False

@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO 0-3 on 2 real gloo ranks, against plain PyTorch: one launch runs every check
 (scripts/deepspeed_checks.py: stage parity with DDP, config optimizer/scheduler, a ZeRO-2 student
-distilled from a ZeRO-3 teacher with a bit-identical save/load round trip, a ZeRO-3 Llama saved
-for transformers, a contradiction refused before any engine is built); a second launch resumes the
-first one's ZeRO-1/2/3 and distillation checkpoints in fresh processes."""
+distilled from a ZeRO-3 teacher with a bit-identical save/load round trip and the frozen teacher's
+save_model reloaded into the plain model, a ZeRO-3 Llama saved for transformers, a contradiction
+refused before any engine is built); a second launch resumes the first one's ZeRO-1/2/3 and
+distillation checkpoints in fresh processes."""
 
 from __future__ import annotations
 

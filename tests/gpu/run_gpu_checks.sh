@@ -3,6 +3,8 @@
 # Run from anywhere; it works from the repository root with no network:
 #   bash tests/gpu/run_gpu_checks.sh
 # 1. every CUDA test of the whole suite: pytest -m cuda tests (keeps going past failures)
+#    (DeepSpeed: tests/gpu/test_deepspeed_cuda.py, nccl on one GPU, bf16 ZeRO-3, ZeRO-3 with parameters
+#    and optimizer offloaded to CPU)
 # 2. benchmarks/gpu.py at full size: plain PyTorch / Accelerate / accelerando, big-model rows
 # 3. benchmarks/fsdp.py: DDP vs FSDP2 (needs 2 GPUs: nccl refuses two ranks on one device)
 # 4. benchmarks/deepspeed.py: accelerando's step against deepspeed.initialize's (ZeRO-2, ZeRO-3),

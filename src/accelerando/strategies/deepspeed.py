@@ -33,7 +33,12 @@ from accelerando.parallel.mesh import MeshShape
 from accelerando.precision.base import Precision
 from accelerando.strategies import compose
 from accelerando.strategies.base import Prepared, PrepareRequest, Strategy, StrategyContext
-from accelerando.strategies.deepspeed_config import EngineRequest, engine_config, is_dummy
+from accelerando.strategies.deepspeed_config import (
+    EngineRequest,
+    engine_config,
+    is_dummy,
+    optimizer_for_engine,
+)
 from accelerando.utils.deepspeed import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -83,7 +88,7 @@ class Engine:
     clip: float  # the config's gradient_clipping (0: clip only when clip_grad_norm_ asks)
     trainable: bool  # built with an optimizer (an inference engine has none)
     needs_step: bool = False  # a boundary backward ran and the engine has not stepped since
-    last_norm: float | None = None
+    last_norm: Any = None  # as the engine gave it: read when clip_grad_norm_ asks, no sync per step
 
     @property
     def stage(self) -> int:
@@ -102,6 +107,9 @@ class DeepSpeedStrategy(Strategy):
         self.split_batches = split_batches
         self.engines: list[Engine] = []
         self._by_id: dict[int, Engine] = {}  # id(engine), id(module), id(optimizer), id(parameter)
+        # Accelerate's `accelerator.deepspeed_engine_wrapped`: the first engine prepared (backward here
+        # finds each loss's own engine, so later ones need no warning that backward ignores them)
+        self.engine_wrapped: DeepSpeedEngineWrapper | None = None
 
     @classmethod
     def options(cls, config: ResolvedConfig) -> dict[str, Any]:
@@ -211,7 +219,7 @@ class DeepSpeedStrategy(Strategy):
                 if is_dummy(pair.scheduler, "scheduler") and pair.scheduler.lr_scheduler_callable is not None:
                     kwargs["lr_scheduler"] = pair.scheduler.lr_scheduler_callable
             elif pair.optimizer is not None:
-                kwargs["optimizer"] = pair.optimizer
+                kwargs["optimizer"] = optimizer_for_engine(pair.optimizer, config)
             engine, optimizer, _, _ = deepspeed.initialize(**kwargs)
             if request.dynamo.backend != DynamoBackend.NO:
                 compile_kwargs = request.dynamo.to_kwargs()
@@ -237,6 +245,8 @@ class DeepSpeedStrategy(Strategy):
         if not hasattr(engine.optimizer, "clip_grad") and record.trainable:
             engine._config.gradient_clipping = 0.0  # a plain torch optimizer: clip_grad_norm_ clips it here
         self.engines.append(record)
+        if self.engine_wrapped is None:
+            self.engine_wrapped = DeepSpeedEngineWrapper(engine)
         keys = [engine, engine.module, *engine.module.parameters()]
         if engine.optimizer is not None:
             keys.append(engine.optimizer)
@@ -317,7 +327,7 @@ class DeepSpeedStrategy(Strategy):
         if record.needs_step:
             self._step(record, 0.0 if math.isinf(max_norm) else float(max_norm))
         norm = record.last_norm if record.last_norm is not None else float("nan")
-        return torch.tensor(norm, device=self.ctx.device)
+        return torch.as_tensor(norm, dtype=torch.float32, device=self.ctx.device).detach().clone()
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
         if any(id(p) in self._by_id for p in parameters):
@@ -348,7 +358,7 @@ class DeepSpeedStrategy(Strategy):
                 engine.module.parameters(), value if value > 0 else math.inf
             )
             engine.step()
-        record.last_norm = None if norm is None else float(norm)
+        record.last_norm = norm
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         record = self._by_id.get(id(model))
@@ -385,6 +395,7 @@ class DeepSpeedStrategy(Strategy):
                 record.engine.destroy()
         self.engines.clear()
         self._by_id.clear()
+        self.engine_wrapped = None
 
 
 def _pair(request: PrepareRequest) -> list[EngineRequest]:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from accelerando.config.deepspeed import AUTO, DeepSpeedPlugin, HfDeepSpeedConfig
+from accelerando.utils.deepspeed import deepspeed_cpu_optimizer_class, map_pytorch_optim_to_deepspeed
 
 _HIDDEN_SIZE_KEYS = (
     "zero_optimization.reduce_bucket_size",
@@ -135,6 +136,22 @@ def _check_optimizer(config: HfDeepSpeedConfig, request: EngineRequest) -> None:
         if offload not in (None, "none"):
             # Keep the user's optimizer on CPU instead of swapping in DeepSpeedCPUAdam (a JIT-built op).
             config.config.setdefault("zero_force_ds_cpu_optimizer", False)
+        if _needs_cpu_optimizer(optimizer, config.config):
+            deepspeed_cpu_optimizer_class(optimizer)  # one with no CPU equivalent stops here
+
+
+def optimizer_for_engine(optimizer: torch.optim.Optimizer, config: dict[str, Any]) -> Any:
+    """The optimizer handed to `deepspeed.initialize`: Accelerate's rule, with offload and
+    `zero_force_ds_cpu_optimizer` (true only when the config says so here), is DeepSpeed's CPU
+    optimizer on the same parameter groups."""
+    return map_pytorch_optim_to_deepspeed(optimizer) if _needs_cpu_optimizer(optimizer, config) else optimizer
+
+
+def _needs_cpu_optimizer(optimizer: torch.optim.Optimizer, config: dict[str, Any]) -> bool:
+    """Optimizer offload, forced CPU optimizer, and not one of DeepSpeed's own already."""
+    offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
+    forced = offload not in (None, "none") and config.get("zero_force_ds_cpu_optimizer", False)
+    return bool(forced) and not type(optimizer).__module__.startswith("deepspeed.")
 
 
 def _fill_model_sizes(config: HfDeepSpeedConfig, model: torch.nn.Module) -> None:

@@ -42,6 +42,7 @@ from accelerando.utils.deepspeed import (
     GatheredParameters,
     HfDeepSpeedConfig,
     get_active_deepspeed_plugin,
+    map_pytorch_optim_to_deepspeed,
 )
 from accelerando.utils.environment import (
     are_libraries_initialized,

@@ -30,6 +30,7 @@ __all__ = [
     "GatheredParameters",
     "HfDeepSpeedConfig",
     "get_active_deepspeed_plugin",
+    "map_pytorch_optim_to_deepspeed",
 ]
 
 
@@ -124,6 +125,55 @@ def get_active_deepspeed_plugin(state: Any) -> DeepSpeedPlugin:
             "--use_deepspeed"
         )
     return plugin  # type: ignore[no-any-return]
+
+
+def deepspeed_cpu_optimizer_class(optimizer: Any) -> tuple[type, dict[str, Any]]:
+    """DeepSpeed's CPU optimizer doing `optimizer`'s update, and the keywords that make it the same
+    update: torch and 32-bit bitsandbytes Adam/AdamW -> `DeepSpeedCPUAdam` (`adamw_mode` says which:
+    decoupled weight decay), torch and 32-bit bitsandbytes Adagrad -> `DeepSpeedCPUAdagrad`, 32-bit
+    bitsandbytes Lion -> `DeepSpeedCPULion`. Importing them builds nothing; building one JIT-compiles
+    its op. A setting the CPU optimizers lack (amsgrad, maximize, Adagrad's lr_decay and initial
+    accumulator) is refused rather than silently dropped."""
+    import torch
+
+    kind = type(optimizer)
+    name, from_bnb = kind.__name__, kind.__module__.startswith("bitsandbytes")
+    lacking = ("amsgrad", "maximize", "lr_decay", "initial_accumulator_value")
+    unmatched = [k for k in lacking if any(g.get(k) for g in optimizer.param_groups)]
+    if unmatched:
+        raise ValueError(f"DeepSpeed's CPU optimizers have no {' or '.join(unmatched)}; {name} uses it")
+    bits = getattr(optimizer, "optim_bits", getattr(getattr(optimizer, "args", None), "optim_bits", 32))
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) or (
+        from_bnb and "Adam" in name and bits == 32
+    ):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        adamw = isinstance(optimizer, torch.optim.AdamW) or "AdamW" in name
+        adamw = adamw or optimizer.defaults.get("decoupled_weight_decay")
+        return DeepSpeedCPUAdam, {**defaults, "adamw_mode": bool(adamw)}
+    if isinstance(optimizer, torch.optim.Adagrad) or (from_bnb and "Adagrad" in name and bits == 32):
+        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+
+        return DeepSpeedCPUAdagrad, defaults
+    if from_bnb and "Lion" in name and bits == 32:
+        from deepspeed.ops.lion import DeepSpeedCPULion
+
+        return DeepSpeedCPULion, defaults
+    raise ValueError(
+        f"{kind.__module__}.{name} has no DeepSpeed CPU optimizer to offload to; accepted: torch.optim.Adam, "
+        "AdamW, Adagrad and bitsandbytes' 32-bit Adam, AdamW, Adagrad, Lion. Keep your optimizer with "
+        '"zero_force_ds_cpu_optimizer": false, or define the optimizer in the DeepSpeed config'
+    )
+
+
+def map_pytorch_optim_to_deepspeed(optimizer: Any) -> Any:
+    """Accelerate's name: `optimizer` rebuilt as DeepSpeed's CPU optimizer on the same parameter
+    groups (each group keeps its lr, betas, eps, weight_decay), for ZeRO-Offload with
+    `zero_force_ds_cpu_optimizer`. Building it JIT-compiles DeepSpeed's C++ op (minutes, once).
+    Unlike Accelerate, an optimizer with no equivalent (SGD...) is refused rather than turned into Adam."""
+    cls, kwargs = deepspeed_cpu_optimizer_class(optimizer)
+    return cls(optimizer.param_groups, **kwargs)
 
 
 def GatheredParameters(  # noqa: N802 - Accelerate's (and DeepSpeed's) name

@@ -6,6 +6,7 @@
 3. A ZeRO-2 student distilled from a ZeRO-3 teacher (two plugins) == the same distillation in
    PyTorch; save_state -> more steps -> load_state -> the same steps again is bit-identical for both
    engines; get_state_dict / GatheredParameters / unwrap_model / load of whole weights per engine.
+   save_model of the frozen ZeRO-3 teacher: safetensors that load into the plain model, same outputs.
 4. A tiny Llama built partitioned (zero3_init_flag) under ZeRO-3, trained, save_model -> transformers'
    from_pretrained gives the engine's logits.
 5. A contradiction found at prepare (config batch size vs the loader) stops before any engine.
@@ -255,6 +256,7 @@ def check_distillation_and_round_trip(work: Path) -> None:
             p.ds_tensor.add_(1.0)
     acc.load_state(folder)
     close(full_params(acc, teacher), list(teacher_init.state_dict().values()), "teacher after load", tol=0)
+    check_teacher_save_model(acc, teacher, teacher_init, batches[0][0], work / "teacher")
     record(work, "distill", {"batches": batches[4:8], "losses": after, "params": params_after})
     again = [distill_step(acc, student, teacher, opt, x, y) for x, y in batches[4:8]]
     assert again == after, (again, after)
@@ -267,6 +269,26 @@ def check_distillation_and_round_trip(work: Path) -> None:
     assert acc.unwrap_model(teacher) is teacher.module
     acc.free_memory()
     PartialState().print("distillation OK")
+
+
+def check_teacher_save_model(acc, teacher, teacher_init, x, out: Path) -> None:
+    """save_model of the frozen ZeRO-3 teacher (no optimizer): safetensors that load into the plain
+    model, which then gives the engine's outputs."""
+    from safetensors.torch import load_file
+
+    with torch.no_grad():
+        engine_out = teacher(x)  # collective under ZeRO-3: every rank runs it
+    acc.save_model(teacher, str(out))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        files = sorted(out.glob("*.safetensors"))
+        assert files and not list(out.glob("*.bin")), sorted(p.name for p in out.iterdir())
+        plain = net(seed=5, width=32)  # other initial weights: everything must come from the files
+        plain.load_state_dict({k: v for f in files for k, v in load_file(f).items()})
+        with torch.no_grad():
+            close([plain(x)], [engine_out], "saved teacher's outputs", tol=0)
+            close([plain(x)], [teacher_init(x)], "saved teacher vs the original", tol=0)
+    acc.wait_for_everyone()
 
 
 def check_resume_in_fresh_processes(work: Path) -> None:

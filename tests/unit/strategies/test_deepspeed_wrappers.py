@@ -172,3 +172,148 @@ def test_backward_passes_scale_wrt_gas_through_as_accelerate_does(scale_wrt_gas:
             opt.zero_grad()
     assert model.global_steps == 2
     same(model, sgd_reference(batches, accum=2))
+
+
+def test_deepspeed_engine_wrapped_is_the_first_engine_prepared_as_in_accelerate() -> None:
+    """None before prepare; the first engine afterwards, kept when a second (inference) engine is
+    prepared; None after free_memory. Without DeepSpeed the attribute is absent, as in Accelerate."""
+    plugins = {"student": DeepSpeedPlugin(zero_stage=2), "teacher": DeepSpeedPlugin(zero_stage=3)}
+    acc = Accelerator(cpu=True, deepspeed_plugins=plugins)
+    assert acc.deepspeed_engine_wrapped is None
+    model = net()
+    loader = torch.utils.data.DataLoader(torch.zeros(8, 1), batch_size=2)
+    model, opt, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), loader)
+    wrapped = acc.deepspeed_engine_wrapped
+    assert isinstance(wrapped, DeepSpeedEngineWrapper) and wrapped.engine is model
+    acc.state.select_deepspeed_plugin("teacher")
+    frozen = acc.prepare(net().requires_grad_(False))
+    acc.state.select_deepspeed_plugin("student")
+    assert acc.deepspeed_engine_wrapped is wrapped and frozen is not model
+    batches = data(1)
+    wrapped.backward(loss_of(model, batches[0]))  # Accelerate's loop through the attribute
+    assert model.global_steps == 1
+    same(model, sgd_reference(batches))
+    acc.free_memory()
+    assert acc.deepspeed_engine_wrapped is None
+
+
+def test_without_deepspeed_there_is_no_deepspeed_engine_wrapped() -> None:
+    assert not hasattr(Accelerator(cpu=True), "deepspeed_engine_wrapped")
+
+
+def test_map_pytorch_optim_to_deepspeed_picks_deepspeeds_cpu_optimizer() -> None:
+    """The class and keywords of Accelerate's mapping (checked without building the JIT-compiled op);
+    an optimizer with no CPU equivalent is refused with the accepted ones named."""
+    import accelerate.utils
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    from accelerando.utils import map_pytorch_optim_to_deepspeed
+    from accelerando.utils.deepspeed import deepspeed_cpu_optimizer_class
+
+    assert list(inspect.signature(map_pytorch_optim_to_deepspeed).parameters) == list(
+        inspect.signature(accelerate.utils.map_pytorch_optim_to_deepspeed).parameters
+    )
+    params = list(net().parameters())
+    pick = deepspeed_cpu_optimizer_class
+    assert pick(torch.optim.AdamW(params, lr=0.3, weight_decay=0.2)) == (
+        DeepSpeedCPUAdam,
+        {"lr": 0.3, "weight_decay": 0.2, "adamw_mode": True},
+    )
+    assert pick(torch.optim.Adam(params, lr=0.3)) == (
+        DeepSpeedCPUAdam,
+        {"lr": 0.3, "weight_decay": 0, "adamw_mode": False},
+    )
+    assert pick(torch.optim.Adagrad(params, lr=0.3)) == (DeepSpeedCPUAdagrad, {"lr": 0.3, "weight_decay": 0})
+    with pytest.raises(ValueError, match=r"torch\.optim\.sgd\.SGD has no DeepSpeed CPU optimizer.*AdamW"):
+        pick(torch.optim.SGD(params, lr=0.1))
+    with pytest.raises(ValueError, match="no amsgrad; AdamW uses it"):
+        pick(torch.optim.AdamW(params, amsgrad=True))
+    with pytest.raises(ValueError, match="no lr_decay; Adagrad uses it"):
+        pick(torch.optim.Adagrad(params, lr_decay=0.1))
+    # Adam with decoupled weight decay is AdamW's update (Accelerate would pick adamw_mode=False).
+    assert pick(torch.optim.Adam(params, decoupled_weight_decay=True))[1]["adamw_mode"] is True
+    # bitsandbytes (not installed here): the class name, module and optim_bits decide, as in Accelerate.
+    bnb = {name: type(name, (torch.optim.SGD,), {"__module__": "bitsandbytes.optim.x"}) for name in
+           ("Adam32bit", "AdamW32bit", "AdamW8bit")}  # fmt: skip
+    for name, mode in (("Adam32bit", False), ("AdamW32bit", True)):
+        optimizer = bnb[name](params, lr=0.3)
+        optimizer.optim_bits = 32
+        assert pick(optimizer) == (DeepSpeedCPUAdam, {"lr": 0.3, "weight_decay": 0, "adamw_mode": mode})
+    eight_bit = bnb["AdamW8bit"](params, lr=0.3)
+    eight_bit.optim_bits = 8
+    with pytest.raises(ValueError, match="AdamW8bit has no DeepSpeed CPU optimizer"):
+        pick(eight_bit)
+
+
+def test_forcing_deepspeeds_cpu_optimizer_refuses_one_without_equivalent_before_any_engine() -> None:
+    """ZeRO-Offload keeps the torch optimizer unless the config forces DeepSpeed's CPU optimizer;
+    forced, an SGD (which Accelerate would silently turn into Adam) stops prepare."""
+    from accelerando.strategies.deepspeed_config import EngineRequest, engine_config, optimizer_for_engine
+
+    model = net()
+    sgd = torch.optim.SGD(model.parameters(), lr=LR)
+    kept = DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu")
+    config = engine_config(kept, EngineRequest(model, sgd), batch_sizes=[2], accumulation=1, world_size=1)
+    assert config["zero_force_ds_cpu_optimizer"] is False and optimizer_for_engine(sgd, config) is sgd
+    forced = DeepSpeedPlugin(
+        hf_ds_config={"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                      "zero_force_ds_cpu_optimizer": True}
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="SGD has no DeepSpeed CPU optimizer"):
+        engine_config(forced, EngineRequest(model, sgd), batch_sizes=[2], accumulation=1, world_size=1)
+    # Forced: a torch optimizer is mapped, one of DeepSpeed's own passes unchanged (not rebuilt as Adam).
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    from accelerando.strategies.deepspeed_config import _needs_cpu_optimizer
+
+    config = engine_config(forced, EngineRequest(model, None), batch_sizes=[2], accumulation=1, world_size=1)
+    assert _needs_cpu_optimizer(torch.optim.AdamW(model.parameters()), config)
+    unbuilt = DeepSpeedCPUAdam.__new__(DeepSpeedCPUAdam)  # its type is all that counts; no op is built
+    assert not _needs_cpu_optimizer(unbuilt, config) and optimizer_for_engine(unbuilt, config) is unbuilt
+
+
+def test_map_pytorch_optim_to_deepspeed_builds_what_accelerates_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both mappings run with DeepSpeed's CPU optimizer classes replaced by subclasses that record
+    their arguments instead of JIT-compiling the op: same class, same parameter groups, same keywords
+    for torch Adam and AdamW; Adagrad gets the same class (Accelerate also passes `adamw_mode`, which
+    DeepSpeedCPUAdagrad does not take)."""
+    import accelerate.utils
+    import deepspeed.ops.adagrad
+    import deepspeed.ops.adam
+
+    from accelerando.utils import map_pytorch_optim_to_deepspeed
+
+    def recording(cls: type) -> type:
+        def init(self: Any, params: Any, **kwargs: Any) -> None:
+            self.groups, self.kwargs = params, kwargs
+
+        return type(cls.__name__, (cls,), {"__init__": init})
+
+    for module, name in (
+        (deepspeed.ops.adam, "DeepSpeedCPUAdam"),
+        (deepspeed.ops.adagrad, "DeepSpeedCPUAdagrad"),
+    ):
+        monkeypatch.setattr(module, name, recording(getattr(module, name)))
+    model = net()
+    groups = [{"params": [model[0].weight], "lr": 0.5}, {"params": list(model[2].parameters())}]
+    for make in (torch.optim.AdamW, torch.optim.Adam):
+        theirs = accelerate.utils.map_pytorch_optim_to_deepspeed(make(groups, lr=0.3, weight_decay=0.1))
+        mine = map_pytorch_optim_to_deepspeed(make(groups, lr=0.3, weight_decay=0.1))
+        assert type(mine) is type(theirs) is deepspeed.ops.adam.DeepSpeedCPUAdam
+        assert (
+            mine.kwargs
+            == theirs.kwargs
+            == {"lr": 0.3, "weight_decay": 0.1, "adamw_mode": make is torch.optim.AdamW}
+        )
+        assert [g["lr"] for g in mine.groups] == [g["lr"] for g in theirs.groups] == [0.5, 0.3]
+        assert [g["params"] for g in mine.groups] == [g["params"] for g in theirs.groups]
+    theirs = accelerate.utils.map_pytorch_optim_to_deepspeed(torch.optim.Adagrad(model.parameters(), lr=0.3))
+    mine = map_pytorch_optim_to_deepspeed(torch.optim.Adagrad(model.parameters(), lr=0.3))
+    assert type(mine) is type(theirs) is deepspeed.ops.adagrad.DeepSpeedCPUAdagrad
+    assert mine.kwargs == {"lr": 0.3, "weight_decay": 0} and theirs.kwargs == {
+        **mine.kwargs,
+        "adamw_mode": False,
+    }
