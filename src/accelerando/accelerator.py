@@ -32,7 +32,7 @@ from accelerando.optimizer import AcceleratedOptimizer
 from accelerando.scheduler import AcceleratedScheduler
 from accelerando.state import AcceleratorState, GradientState, configure_gradient
 from accelerando.strategies import PrepareRequest
-from accelerando.strategies.resolve import plan_strategy, set_up_strategy
+from accelerando.strategies.resolve import plan_strategy, running_deepspeed, set_up_strategy
 from accelerando.tracking.session import TrackingSession
 
 
@@ -102,7 +102,7 @@ class Accelerator(ConfigViews, MeshViews):
         )
         plan_strategy(self.config, _runtime.planned_topology())  # bad mesh sizes fail before any group work
         self._runtime = _runtime.init_runtime(cpu=self.config.cpu, init_kwargs=self.config.handlers.init)
-        self._setup_components()
+        self._setup_components(joins=deepspeed_plugin is None and deepspeed_plugins is None)
         self.state = AcceleratorState()
         self.gradient_state = GradientState()
         self._objects = TrainingObjects(
@@ -112,14 +112,14 @@ class Accelerator(ConfigViews, MeshViews):
         self._checkpointer_instance: Any = None
         self.flag_tensor: torch.Tensor | None = None
 
-    def _setup_components(self) -> None:
+    def _setup_components(self, joins: bool = False) -> None:
         rt, cfg = self._runtime, self.config
         if rt.accelerator_ready and rt.mixed_precision != cfg.mixed_precision:
             raise ValueError(
                 f"this process already has an Accelerator with mixed_precision={rt.mixed_precision!r}; "
                 f"a second one cannot use {cfg.mixed_precision!r} (call accelerando.state.reset_runtime() in tests)"
             )
-        strategy = set_up_strategy(cfg, rt)
+        strategy = (joins and running_deepspeed(rt)) or set_up_strategy(cfg, rt)
         rt.precision, rt.strategy, rt.mixed_precision = strategy.ctx.precision, strategy, cfg.mixed_precision
         configure_gradient(rt.gradient, cfg.gradient)
         rt.gradient.window_size = rt.gradient.num_steps

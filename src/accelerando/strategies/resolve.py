@@ -69,6 +69,14 @@ def resolve_strategy(
     return cls(ctx, **options)
 
 
+def running_deepspeed(runtime: Any) -> Strategy | None:
+    """The DeepSpeed strategy an earlier Accelerator of this process runs, which a later one given
+    no DeepSpeed plugin joins (Accelerate's shared state): its engines stay reachable from both, and
+    `select_deepspeed_plugin` picks the plugin the next `prepare` builds with."""
+    current = runtime.strategy if runtime.accelerator_ready else None
+    return current if current is not None and current.name == "deepspeed" else None
+
+
 def set_up_strategy(config: ResolvedConfig, runtime: Any) -> Strategy:
     """The precision and strategy this process trains with, its environment set up; a
     ParallelismConfig gets its device mesh now, as Accelerate builds it eagerly."""

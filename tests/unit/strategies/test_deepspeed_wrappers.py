@@ -317,3 +317,25 @@ def test_map_pytorch_optim_to_deepspeed_builds_what_accelerates_builds(
         **mine.kwargs,
         "adamw_mode": False,
     }
+
+
+def test_a_later_plain_accelerator_joins_the_running_deepspeed_strategy() -> None:
+    """Accelerate's multi-model recipe: `Accelerator()` after one with DeepSpeed plugins shares its
+    state; the selected plugin builds the next engine, and the first engine stays reachable."""
+    student_plugin = DeepSpeedPlugin(zero_stage=2)
+    teacher_plugin = DeepSpeedPlugin(zero_stage=3)
+    first = Accelerator(cpu=True, deepspeed_plugins={"student": student_plugin, "teacher": teacher_plugin})
+    loader = torch.utils.data.DataLoader(torch.zeros(8, 1), batch_size=2)
+    model = net()
+    student, opt, _ = first.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), loader)
+    first.state.select_deepspeed_plugin("teacher")
+    second = Accelerator()
+    assert second.distributed_type == "DEEPSPEED" and second.state.deepspeed_plugin is teacher_plugin
+    teacher = second.prepare(net())
+    assert teacher.zero_optimization_stage() == 3 and student.zero_optimization_stage() == 2
+    batches = data(2)
+    for batch in batches:  # the first Accelerator still drives its own engine
+        first.backward(loss_of(student, batch))
+        opt.step()
+        opt.zero_grad()
+    same(student, sgd_reference(batches))
