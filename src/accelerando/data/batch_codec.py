@@ -1,11 +1,9 @@
 """How a batch becomes bytes for another process, and back.
 
-A batch is its structure (tensors replaced by slots) plus each tensor; its header is the pickled
-structure with each tensor's dtype and shape. A message is either the tensors' bytes, aligned and
-in order from its start, then the header (the shared-memory ring, gloo: tensors first, so that a
-batch collated straight into a ring slot is already where the message wants it, `slot_collate`),
-or the header then one (address, length) pair per tensor for a receiver that copies the bytes
-straight out of the sender's memory (`cross_memory`). Each end
+A batch is its structure (tensors replaced by slots) plus each tensor. A message starts with a
+header, the pickled structure with each tensor's dtype and shape; then come either the tensors'
+bytes, aligned (the shared-memory ring, gloo), or one (address, length) pair per tensor for a
+receiver that copies the bytes straight out of the sender's memory (`cross_memory`). Each end
 keeps the header of the last batch and its layout, and reuses them while the structure repeats,
 as it does batch after batch (pickling it is a fifth of the cost of a message).
 """
@@ -41,30 +39,18 @@ def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
     return numel * dtype.itemsize
 
 
-def place(buf: torch.Tensor, pos: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """The tensor of `dtype` and `shape` at byte `pos` of `buf` (what `decode` and a collation
-    into a ring slot both build)."""
-    return buf[pos : pos + _nbytes(dtype, shape)].view(dtype).view(shape)
-
-
-def next_offset(pos: int, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    """Where the tensor after one of `dtype` and `shape` at `pos` starts."""
-    return _aligned(pos + _nbytes(dtype, shape))
-
-
 def _layout(header_len: int, metas: list[tuple[torch.dtype, tuple[int, ...]]]) -> tuple[list[int], int]:
-    """(each tensor's offset, the message's total bytes): the tensors from 0, the header after them."""
-    offsets, pos = [], 0
+    offsets, pos = [], _aligned(header_len)
     for dtype, shape in metas:
         offsets.append(pos)
-        pos = next_offset(pos, dtype, shape)
-    return offsets, pos + header_len
+        pos = _aligned(pos + _nbytes(dtype, shape))
+    return offsets, pos
 
 
 @dataclass
 class Packed:
-    """A message: each tensor's bytes at its offset then the header or, when `where` is given,
-    the header then the tensors' addresses (the tensors must then live until the receiver has read them)."""
+    """A message: the header, then each tensor's bytes at its offset or, when `where` is given,
+    the tensors' addresses (the tensors must then live until the receiver has read them)."""
 
     header: bytes
     tensors: list[torch.Tensor]
@@ -73,19 +59,10 @@ class Packed:
     where: bytes = b""
 
     def write(self, buf: torch.Tensor) -> None:
-        """Lay the message out in `buf`. A tensor already at its place (collated there) is not
-        copied; one elsewhere in `buf` is taken out first, so that no copy overwrites it."""
-        if self.where:
-            buf[: self.total].numpy()[:] = memoryview(self.header + self.where)
-            return
-        base, end = buf.data_ptr(), buf.data_ptr() + buf.numel()
-        moves = []
+        buf[: len(self.header) + len(self.where)].numpy()[:] = memoryview(self.header + self.where)
         for t, off in zip(self.tensors, self.offsets):
-            if t.numel() and not (t.data_ptr() == base + off and t.is_contiguous()):
-                moves.append((t.clone() if base <= t.data_ptr() < end else t, off))
-        for t, off in moves:
-            place(buf, off, t.dtype, t.shape).copy_(t)
-        buf[self.total - len(self.header) : self.total].numpy()[:] = memoryview(self.header)
+            if t.numel():
+                buf[off : off + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
 
 
 def _split(batch: Any) -> tuple[Any, list[torch.Tensor], Any]:
@@ -148,11 +125,12 @@ class Codec:
         return self._plan
 
     def decode(self, buf: torch.Tensor, header_len: int) -> Any:
-        """The batch in `buf` (as `Packed.write` laid it out, `buf` is the whole message); its
-        tensors are views into `buf`."""
-        skeleton, metas, offsets, _ = self._read_header(buf[buf.numel() - header_len :].numpy().tobytes())
+        """The batch in `buf` (as `Packed.write` laid it out); its tensors are views into `buf`."""
+        skeleton, metas, offsets, _ = self._read_header(buf[:header_len].numpy().tobytes())
         tensors = [
-            place(buf, off, dtype, shape) if _nbytes(dtype, shape) else torch.empty(shape, dtype=dtype)
+            buf[off : off + _nbytes(dtype, shape)].view(dtype).view(shape)
+            if _nbytes(dtype, shape)
+            else torch.empty(shape, dtype=dtype)
             for (dtype, shape), off in zip(metas, offsets)
         ]
         return _join(skeleton, tensors)

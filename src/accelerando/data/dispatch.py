@@ -24,7 +24,6 @@ from accelerando.data import heap
 from accelerando.data import sharding as sh
 from accelerando.data.loaders import DataLoaderShard, PreparedLoaderMixin, StatefulDataLoader
 from accelerando.data.samplers import BatchSamplerShard, IterableDatasetShard
-from accelerando.data.slot_collate import SlotCollate
 from accelerando.data.transport import MORE, UNKNOWN, Channel, EndMsg
 
 
@@ -66,7 +65,6 @@ class DispatchBatchSampler(BatchSamplerShard):
     each rank's batch in rank order, one round after another (a custom batch sampler is kept)."""
 
     pass_counts: list[int] | None = None  # each rank's batches in the pass begun last, when its start knew
-    target = -1  # the rank of the batch whose indices were yielded last (-1: unknown, see `_pieces`)
 
     @property
     def global_batches(self) -> bool:
@@ -90,7 +88,7 @@ class DispatchBatchSampler(BatchSamplerShard):
                 for r in range(self.num_processes)
             ]
             chunks = (chunk for chunk, _ in sh.iter_global_batches(indices, spec, skip))
-            return chunks if self.global_batches else self._pieces(chunks, spec)
+            return chunks if self.global_batches else _pieces(chunks, spec)
         return self._iter_rounds(spec, skip)
 
     def _iter_rounds(self, spec: sh.ShardSpec, skip: int) -> Iterator[list[int]]:
@@ -112,18 +110,14 @@ class DispatchBatchSampler(BatchSamplerShard):
                 self.remainder = sink[0]
             yield from (list(b) for b in round_)
 
-    def _pieces(self, chunks: Iterator[list[Any]], spec: sh.ShardSpec) -> Iterator[list[Any]]:
-        """Each global batch cut into the ranks' batches, in rank order (empty pieces left out);
-        `target` names the rank of each while the loader fetches and collates it."""
-        try:
-            for chunk in chunks:
-                for r in range(spec.world_size):
-                    bounds = sh.piece_bounds(len(chunk), spec, r)
-                    if bounds is not None:
-                        self.target = r
-                        yield chunk[bounds[0] : bounds[1]]
-        finally:
-            self.target = -1
+
+def _pieces(chunks: Iterator[list[Any]], spec: sh.ShardSpec) -> Iterator[list[Any]]:
+    """Each global batch cut into the ranks' batches, in rank order (empty pieces left out)."""
+    for chunk in chunks:
+        for r in range(spec.world_size):
+            bounds = sh.piece_bounds(len(chunk), spec, r)
+            if bounds is not None:
+                yield chunk[bounds[0] : bounds[1]]
 
 
 class GlobalBatchDataset(IterableDatasetShard):
@@ -302,23 +296,10 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         if self._rank != 0:
             return self._receive()
         self._shard.skip = 0 if restoring else start
-        inner = self._rank0_batches()
+        inner = iter(super(PreparedLoaderMixin, self).__iter__())
         counts = None if restoring else getattr(self._shard, "pass_counts", None)  # none for a stream
         self._pass_batches = None if counts is None else counts[0]
         return self._produce(inner, self._shard.global_batches, counts)
-
-    def _rank0_batches(self) -> Iterator[Any]:
-        """Rank 0's batches of the pass. With torch's `default_collate` in this process and every
-        batch's rank known (`DispatchBatchSampler.target`), another rank's batch is collated
-        straight into the ring buffer that will carry it (`slot_collate`): no copy when sent."""
-        shard, own = self._shard, self.collate_fn
-        if isinstance(shard, DispatchBatchSampler) and shard.plain and not shard.global_batches:
-            if SlotCollate.applies(self) and self._channel.writers:
-                self.collate_fn = SlotCollate(self._channel.next_buffer, lambda: shard.target)
-        try:  # the iterator takes the collate function when it is made
-            return iter(super(PreparedLoaderMixin, self).__iter__())
-        finally:
-            self.collate_fn = own
 
     def _receive(self) -> Iterator[Any]:
         self._remote_remainder = -1

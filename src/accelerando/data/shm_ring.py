@@ -174,12 +174,6 @@ class RingWriter(_End):
             self.buffers[slot] = buf
         return slot, buf[:size]
 
-    def next_buffer(self) -> torch.Tensor | None:
-        """The whole buffer the next message will be written to (None before its slot's first
-        message), once the receiver has freed it: a batch may be made there before it is sent."""
-        self._wait_until(SLOTS - 1)
-        return self.buffers[self.sent % SLOTS]
-
     def post(self, record: Record, keep: Any = None) -> None:
         """Send a control record (with its slot's new buffer, if any); `keep` lives until it is read."""
         slot = record.slot

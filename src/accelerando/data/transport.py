@@ -1,8 +1,7 @@
 """Moving one rank's batch from rank 0 to rank r for `dispatch_batches=True`.
 
-- Ranks on rank 0's host get the bytes through a shared-memory ring (`shm_ring`): rank 0 collates
-  their batches straight into it when it can (`slot_collate`), else copies them in; the receiver
-  copies its batch out. With `ACCELERANDO_DISPATCH_CROSS_MEMORY=1` (opt-in: rank 0 then lets any process of
+- Ranks on rank 0's host get the bytes copied into a shared-memory ring (`shm_ring`): one copy
+  each side. With `ACCELERANDO_DISPATCH_CROSS_MEMORY=1` (opt-in: rank 0 then lets any process of
   its user read its memory) they get the tensors' addresses instead and copy the bytes straight
   out of rank 0 (`cross_memory`); rank 0 keeps those tensors until the receiver has read them.
 - Ranks on other hosts get both over gloo: the default group when it is gloo, else one gloo
@@ -100,12 +99,6 @@ class Channel:
             self.pending.pop()
         while len(self.pending) > SLOTS:
             _wait(self.pending.popleft())
-
-    def next_buffer(self, dst: int) -> torch.Tensor | None:
-        """The ring buffer that will carry the next batch to `dst` (None: it is not reached through
-        the ring); waits, as sending would, for the receiver to free it."""
-        writer = self.writers.get(dst)
-        return None if writer is None or dst in self.cross else writer.next_buffer()
 
     def _send(self, dst: int, record: Record, packed: Packed | None = None) -> None:
         writer = self.writers.get(dst)
