@@ -27,6 +27,9 @@ SLOTS = 4  # buffers rank 0 may fill ahead of a receiver
 _CHECK_SECONDS = 0.5
 _ACK = b"\x01"
 _PARAM = os.sched_param(0)
+# Map the ring's pages at once: touched one by one, a fresh ring costs rank 0 one page fault per
+# 4 KiB (about 770 faults, 3.5 ms, for the benchmark's 786 KB batches), paid inside its first rounds.
+_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class Record(NamedTuple):
@@ -122,12 +125,12 @@ class _End:
 def _shared_buffer(size: int) -> tuple[int, torch.Tensor]:
     fd = os.memfd_create("accelerando-dispatch", os.MFD_CLOEXEC)
     os.ftruncate(fd, size)
-    return fd, torch.frombuffer(mmap.mmap(fd, size), dtype=torch.uint8)
+    return fd, torch.frombuffer(mmap.mmap(fd, size, flags=_FLAGS), dtype=torch.uint8)
 
 
 def _map(fd: int) -> torch.Tensor:
     try:
-        return torch.frombuffer(mmap.mmap(fd, os.fstat(fd).st_size), dtype=torch.uint8)
+        return torch.frombuffer(mmap.mmap(fd, os.fstat(fd).st_size, flags=_FLAGS), dtype=torch.uint8)
     finally:
         os.close(fd)
 
