@@ -23,10 +23,15 @@ def test_every_mode_and_exact_resume_in_fresh_processes(tmp_path: Path) -> None:
     assert "data resume passed (14 loaders per rank)" in second.stdout
 
 
+# Whole launches, start-up of both ranks included: 10-20 s idle, up to ~50 s beside a CPU hog on 2
+# cores (30 s failed there); a rank left waiting would hold the job to the process-group timeout.
+ENDS_WITHIN = 75
+
+
 def test_dispatch_crash_on_rank0_ends_every_rank_with_its_error() -> None:
     start = time.monotonic()
     proc = run_distributed(SCRIPTS / "data_crash.py", expect_success=False, timeout=120)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < ENDS_WITHIN
     assert "sample 150 is corrupt on purpose" in proc.stderr
     assert "[accelerando] rank 0 failed" in proc.stderr
 
@@ -39,7 +44,7 @@ def test_dispatch_killed_rank_ends_the_job_and_leaves_no_shared_memory_files() -
     before = _shm_files()
     start = time.monotonic()
     run_distributed(SCRIPTS / "data_killed.py", expect_success=False, timeout=120)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < ENDS_WITHIN
     assert _shm_files() <= before
 
 
