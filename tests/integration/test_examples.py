@@ -99,7 +99,8 @@ def test_fsdp_example_is_sharded_by_the_launcher_alone(tmp_path):
            str(BY_FEATURE / "fsdp_with_peak_mem_tracking.py"), "--epochs", "1"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    ranks = [line for line in proc.stdout.splitlines() if line.startswith("rank=")]
+    # two processes share the pipe: a line of one rank may land after the other's unfinished line
+    ranks = ["rank=" + part.splitlines()[0] for part in proc.stdout.split("rank=")[1:]]
     assert len(ranks) == 2, proc.stdout
     for line in ranks:
         fields = result(line)
