@@ -10,6 +10,7 @@ as it does batch after batch (pickling it is a fifth of the cost of a message).
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 import struct
 from dataclasses import dataclass
@@ -47,6 +48,21 @@ def _layout(header_len: int, metas: list[tuple[torch.dtype, tuple[int, ...]]]) -
     return offsets, pos
 
 
+def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy `src` into the uint8 tensor `dst` (its size in bytes), as raw bytes.
+
+    A plain CPU tensor goes through libc's `memmove`: inside a loading loop it copied a 786 KB
+    batch in about 49 µs against `Tensor.copy_`'s 67 µs, and the dispatch benchmark's rank 0 went
+    from 1.50x to 1.39x its floor. Anything else (a view with conjugate or negative bits, another
+    device, a strided or quantized tensor) is copied by torch, element by element.
+    """
+    if src.is_cpu and src.layout == torch.strided and not src.is_quantized:
+        if src.is_contiguous() and not src.is_conj() and not src.is_neg():
+            ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.nbytes)
+            return
+    dst.view(src.dtype).view(src.shape).copy_(src)
+
+
 @dataclass
 class Packed:
     """A message: the header, then each tensor's bytes at its offset or, when `where` is given,
@@ -59,10 +75,11 @@ class Packed:
     where: bytes = b""
 
     def write(self, buf: torch.Tensor) -> None:
-        buf[: len(self.header) + len(self.where)].numpy()[:] = memoryview(self.header + self.where)
+        head = self.header + self.where
+        ctypes.memmove(buf.data_ptr(), head, len(head))
         for t, off in zip(self.tensors, self.offsets):
             if t.numel():
-                buf[off : off + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
+                copy_bytes(buf[off : off + t.nbytes], t)
 
 
 def _split(batch: Any) -> tuple[Any, list[torch.Tensor], Any]:

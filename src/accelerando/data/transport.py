@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from accelerando.config import env
 from accelerando.data import cross_memory, shm_ring
-from accelerando.data.batch_codec import Codec, Packed
+from accelerando.data.batch_codec import Codec, Packed, copy_bytes
 from accelerando.data.shm_ring import RECORD_SIZE, SLOTS, Record, RingReader, RingWriter
 
 BATCH, END, REMOTE = 0, 1, 2  # bytes / end of pass / addresses to read from rank 0's memory
@@ -158,7 +158,8 @@ class Channel:
             batch = self.codec.read(head, where, self.reader.pid, self.pin)
         else:
             buf = torch.empty(record.total, dtype=torch.uint8, pin_memory=self.pin)
-            batch = self.codec.decode(buf.copy_(view), record.header)
+            copy_bytes(buf, view)
+            batch = self.codec.decode(buf, record.header)
         self.reader.release()
         return batch
 

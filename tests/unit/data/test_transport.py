@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from accelerando.config.options import DataLoaderConfiguration as Config
-from accelerando.data.batch_codec import Codec
+from accelerando.data.batch_codec import Codec, copy_bytes
 from accelerando.data.dispatch import batch_length, slice_batch
 from accelerando.data.prepare import prepare_data_loader
 
@@ -35,6 +35,24 @@ def test_encode_decode_roundtrip_keeps_structure_dtypes_and_values() -> None:
     for key in ("x", "mask", "half", "scalar", "empty"):
         assert out[key].dtype == batch[key].dtype and torch.equal(out[key], batch[key])
     assert torch.equal(out["pair"].a, torch.arange(3))
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        torch.arange(12, dtype=torch.float32).reshape(3, 4),  # plain: libc memmove
+        torch.arange(12, dtype=torch.float32).reshape(3, 4)[1:],  # storage offset
+        torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),  # strided: torch copies
+        torch.tensor([1 + 2j, 3 - 4j]).conj(),  # conjugate bit: torch resolves it
+        torch.tensor([1 + 2j, 3 - 4j]).conj().imag,  # negative bit
+        torch.tensor([True, False, True]),
+    ],
+    ids=["plain", "offset", "strided", "conj", "neg", "bool"],
+)
+def test_copy_bytes_copies_the_values_whatever_the_view(src: torch.Tensor) -> None:
+    dst = torch.zeros(src.numel() * src.element_size(), dtype=torch.uint8)
+    copy_bytes(dst, src)
+    assert torch.equal(dst.view(src.dtype).view(src.shape), src.resolve_conj().resolve_neg())
 
 
 def test_slice_batch_cuts_the_batch_dimension_only() -> None:
