@@ -178,8 +178,10 @@ class RingWriter(_End):
         """Send a control record (with its slot's new buffer, if any); `keep` lives until it is read."""
         slot = record.slot
         fd = self.new_fd[slot] if slot >= 0 else None
-        self.io(socket.send_fds, self.sock, [record.pack()], [] if fd is None else [fd], writing=True)
-        if fd is not None:
+        if fd is None:
+            self.io(self.sock.send, record.pack(), writing=True)
+        else:
+            self.io(socket.send_fds, self.sock, [record.pack()], [fd], writing=True)
             os.close(fd)
             self.new_fd[slot] = None
         if slot >= 0:
