@@ -56,10 +56,10 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     from 1.50x to 1.39x its floor. Anything else (a view with conjugate or negative bits, another
     device, a strided or quantized tensor) is copied by torch, element by element.
     """
-    if src.is_cpu and src.layout == torch.strided and not src.is_quantized:
-        if src.is_contiguous() and not src.is_conj() and not src.is_neg():
-            ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.nbytes)
-            return
+    plain = src.is_cpu and src.layout == torch.strided and not src.is_quantized
+    if plain and src.is_contiguous() and not src.is_conj() and not src.is_neg():
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.nbytes)
+        return
     dst.view(src.dtype).view(src.shape).copy_(src)
 
 

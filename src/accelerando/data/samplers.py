@@ -52,9 +52,14 @@ class SeedableRandomSampler(RandomSampler):
         self._epochs_chosen = True
 
     def __iter__(self) -> Iterator[int]:
+        if getattr(self, "_epochs_chosen", False):  # (pickled before this attribute existed)
+            return iter(self.order())  # a list's iterator: `list(sampler)` copies it at C speed
+        return self._advancing()
+
+    def _advancing(self) -> Iterator[int]:
+        """The order, then the next epoch once the pass is complete."""
         yield from self.order()
-        if not getattr(self, "_epochs_chosen", False):  # (pickled before this attribute existed)
-            self.epoch += 1
+        self.epoch += 1
 
     def order(self) -> list[int]:
         """The epoch's whole order at once (a generator yielding index by index costs 3% of an epoch)."""
