@@ -57,7 +57,12 @@ def run_distributed(
     fails it, since a job that "fails" after its work is done, or warns from C++ at every exit, is a
     defect users see.
     """
-    child_env = {**config_env.snapshot(), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    child_env = {
+        **config_env.snapshot(),
+        "OMP_NUM_THREADS": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "PYTHONFAULTHANDLER": "1",  # a hang's SIGABRT (below) prints where every thread of a rank is
+    }
     child_env.update(env or {})
     cmd = torchrun_command(script, args, nproc)
     agent = subprocess.Popen(
@@ -66,7 +71,7 @@ def run_distributed(
     try:
         out, errs = agent.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_tree(agent.pid)  # torchrun starts each rank in a session of its own: kill them too
+        _end_hung(agent)
         out, errs = agent.communicate()
         raise AssertionError(
             f"{script} timed out after {timeout}s\n--- stdout\n{out}\n--- stderr\n{errs}"
@@ -85,8 +90,8 @@ def run_distributed(
     return proc
 
 
-def _kill_tree(root: int) -> None:
-    """SIGKILL `root`'s process group and that of every descendant (Linux: read from /proc)."""
+def _tree(root: int) -> list[int]:
+    """`root` and every process descending from it (Linux: read from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit():
@@ -102,6 +107,22 @@ def _kill_tree(root: int) -> None:
         pid = todo.pop()
         tree.append(pid)
         todo += children.get(pid, [])
+    return tree
+
+
+def _end_hung(agent: subprocess.Popen[str]) -> None:
+    """SIGABRT every rank (with PYTHONFAULTHANDLER each prints every thread's stack), then SIGKILL
+    the process group of the agent and of each rank (torchrun gives each rank a session of its own)."""
+    tree = _tree(agent.pid)
+    for pid in tree[1:]:
+        try:
+            os.kill(pid, signal.SIGABRT)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        agent.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
     for pid in tree:
         try:
             os.killpg(os.getpgid(pid), signal.SIGKILL)
