@@ -4,9 +4,6 @@ Rank 0 copies a message into one of `SLOTS` anonymous shared buffers (`memfd`) a
 control record over a Unix socket; the receiver copies the message out and acknowledges it on the
 same socket, which frees the slot. A new or grown buffer travels as a file descriptor with the
 record that first uses it, so nothing is ever named in `/dev/shm` and a killed job leaves nothing.
-The buffers of a ring that is gone are kept (up to `_SPARE_BYTES`) for the next ring: a loader
-prepared anew (each epoch, each evaluation) then maps no fresh memory, which cost rank 0 about
-0.5 ms of page clearing per buffer.
 
 Every wait blocks in `select` on the socket, with a deadline, and checks the peer every
 `_CHECK_SECONDS`: a peer that exits closes its end (the wait wakes at once), and one whose socket
@@ -125,27 +122,10 @@ class _End:
             return out
 
 
-_SPARE_BYTES = 64 << 20
-_spare: list[tuple[int, torch.Tensor]] = []  # (memfd, rank 0's mapping) of buffers no ring holds
-
-
-def _take_buffer(size: int) -> tuple[int, torch.Tensor]:
-    """A buffer of at least `size` bytes: the smallest spare one that fits, else a new one."""
-    fits = [i for i, (_, buf) in enumerate(_spare) if buf.numel() >= size]
-    if fits:
-        return _spare.pop(min(fits, key=lambda i: _spare[i][1].numel()))
-    size = max(size + size // 4, 1 << 16)  # room for batches that vary a little
+def _shared_buffer(size: int) -> tuple[int, torch.Tensor]:
     fd = os.memfd_create("accelerando-dispatch", os.MFD_CLOEXEC)
     os.ftruncate(fd, size)
     return fd, torch.frombuffer(mmap.mmap(fd, size, flags=_FLAGS), dtype=torch.uint8)
-
-
-def _give_back(fd: int, buf: torch.Tensor) -> None:
-    """Keep a buffer no message in flight uses for the next ring, or close it when enough are kept."""
-    if sum(b.numel() for _, b in _spare) + buf.numel() <= _SPARE_BYTES:
-        _spare.append((fd, buf))
-    else:
-        os.close(fd)
 
 
 def _map(fd: int) -> torch.Tensor:
@@ -161,8 +141,7 @@ class RingWriter(_End):
     def __init__(self, sock: socket.socket, peer: str, timeout: float) -> None:
         super().__init__(sock, peer, timeout)
         self.buffers: list[torch.Tensor | None] = [None] * SLOTS
-        self.fds: list[int] = [-1] * SLOTS  # each buffer's memfd, kept to hand it to a later ring
-        self.unsent = [False] * SLOTS  # the receiver has not got the slot's buffer yet
+        self.new_fd: list[int | None] = [None] * SLOTS  # buffer not yet sent to the receiver
         self.held: list[Any] = [None] * SLOTS  # what a message points at, kept until it is read
         self.unread: deque[int] = deque()  # slots of the messages sent and not yet acknowledged
         self.sent = 0
@@ -191,45 +170,24 @@ class RingWriter(_End):
         slot = self.sent % SLOTS
         buf = self.buffers[slot]
         if buf is None or buf.numel() < size:
-            if buf is not None:  # its last message was read: the receiver will map the new one
-                _give_back(self.fds[slot], buf)
-            self.fds[slot], buf = _take_buffer(size)
-            self.buffers[slot], self.unsent[slot] = buf, True
+            self.new_fd[slot], buf = _shared_buffer(max(size + size // 4, 1 << 16))
+            self.buffers[slot] = buf
         return slot, buf[:size]
 
     def post(self, record: Record, keep: Any = None) -> None:
         """Send a control record (with its slot's new buffer, if any); `keep` lives until it is read."""
         slot = record.slot
-        if slot < 0 or not self.unsent[slot]:
+        fd = self.new_fd[slot] if slot >= 0 else None
+        if fd is None:
             self.io(self.sock.send, record.pack(), writing=True)
         else:
-            self.io(socket.send_fds, self.sock, [record.pack()], [self.fds[slot]], writing=True)
-            self.unsent[slot] = False
+            self.io(socket.send_fds, self.sock, [record.pack()], [fd], writing=True)
+            os.close(fd)
+            self.new_fd[slot] = None
         if slot >= 0:
             self.sent += 1
             self.held[slot] = keep
             self.unread.append(slot)
-
-    def close(self) -> None:
-        """Hand the buffers whose messages were read to the next ring; close the socket."""
-        if self.sock.fileno() < 0:
-            return
-        try:
-            self.reclaim()
-        except (OSError, RuntimeError):  # the receiver is gone: nothing more will be read
-            pass
-        for slot, buf in enumerate(self.buffers):
-            if buf is not None:
-                if slot in self.unread:  # a receiver may still copy it out: never reuse it
-                    os.close(self.fds[slot])
-                else:
-                    _give_back(self.fds[slot], buf)
-        self.buffers = [None] * SLOTS
-        self.sock.close()
-
-    def __del__(self) -> None:
-        if hasattr(self, "buffers") and os is not None:  # not half-built, not at interpreter exit
-            self.close()
 
 
 class RingReader(_End):

@@ -120,37 +120,3 @@ def test_nothing_is_left_in_dev_shm() -> None:
     assert _take(reader) == b"payload"
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert not {name for name in after - before if name.startswith("accelerando")}
-
-
-def test_a_later_ring_takes_the_buffers_of_one_that_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A loader prepared anew maps no fresh memory; only buffers whose messages were read are reused."""
-    monkeypatch.setattr(shm_ring, "_spare", [])
-    writer, reader = _pair()
-    for i in range(SLOTS):
-        _post(writer, bytes([i]) * 5000)
-    for _ in range(SLOTS - 1):
-        _take(reader)  # the last slot's message stays unread
-    first = {os.fstat(fd).st_ino for fd in writer.fds[: SLOTS - 1]}  # the memory files, not addresses
-    unread = os.fstat(writer.fds[SLOTS - 1]).st_ino
-    del writer  # what dropping the prepared loader does
-    assert {os.fstat(fd).st_ino for fd, _ in shm_ring._spare} == first
-    writer, reader = _pair()
-    sent = [bytes([7 + i]) * (4000 + i) for i in range(SLOTS)]
-    for payload in sent:
-        _post(writer, payload)
-    assert [_take(reader) for _ in sent] == sent
-    used = {os.fstat(fd).st_ino for fd in writer.fds}
-    assert first <= used and unread not in used
-
-
-def test_spare_buffers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shm_ring, "_spare", [])
-    monkeypatch.setattr(shm_ring, "_SPARE_BYTES", 3 << 16)
-    writer, reader = _pair()
-    for i in range(SLOTS):
-        _post(writer, bytes([i]) * 100)
-        _take(reader)
-    writer.wait_read()
-    writer.close()
-    writer.close()  # twice is harmless
-    assert len(shm_ring._spare) == 3  # 64 KiB buffers, 192 KiB kept; the fourth is closed
