@@ -39,8 +39,7 @@ def test_a_hung_rank_prints_its_stack_and_the_whole_tree_ends() -> None:
     assert agent.stdout is not None
     assert agent.stdout.readline() == "rank up\n"  # the rank is in its wait
     start = time.monotonic()
-    _end_hung(agent)
-    out, errs = agent.communicate(timeout=30)
+    out, errs = _end_hung(agent)
     assert time.monotonic() - start < 20
     assert "in waiting_for_a_peer_that_never_sends" in errs
     assert agent.returncode is not None

@@ -71,8 +71,7 @@ def run_distributed(
     try:
         out, errs = agent.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _end_hung(agent)
-        out, errs = agent.communicate()
+        out, errs = _end_hung(agent)
         raise AssertionError(
             f"{script} timed out after {timeout}s\n--- stdout\n{out}\n--- stderr\n{errs}"
         ) from None
@@ -110,9 +109,10 @@ def _tree(root: int) -> list[int]:
     return tree
 
 
-def _end_hung(agent: subprocess.Popen[str]) -> None:
+def _end_hung(agent: subprocess.Popen[str]) -> tuple[str, str]:
     """SIGABRT every rank (with PYTHONFAULTHANDLER each prints every thread's stack), then SIGKILL
-    the process group of the agent and of each rank (torchrun gives each rank a session of its own)."""
+    the process group of the agent and of each rank (torchrun gives each rank a session of its own);
+    the agent's stdout and stderr, read all along so that no rank blocks writing its stacks."""
     tree = _tree(agent.pid)
     for pid in tree[1:]:
         try:
@@ -120,11 +120,12 @@ def _end_hung(agent: subprocess.Popen[str]) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     try:
-        agent.wait(5)
+        output = agent.communicate(timeout=5)  # the agent ends once its ranks have
     except subprocess.TimeoutExpired:
-        pass
-    for pid in tree:
+        output = None
+    for pid in tree:  # whatever outlived the abort
         try:
             os.killpg(os.getpgid(pid), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    return output or agent.communicate()
