@@ -29,13 +29,19 @@ def native_failures(text: str) -> list[str]:
 
 
 def torchrun_command(script: str | Path, args: Sequence[str] = (), nproc: int = 2) -> list[str]:
+    """torchrun on this machine with a private rendezvous (`--standalone`).
+
+    The agent's store binds port 0, so the port is taken atomically. A port picked here beforehand
+    could be taken by another socket before the agent binds it; torch then joins that port as a
+    client of a store that is not there and waits, silent, until the test's timeout (seen beside
+    other launches on the same machine).
+    """
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d",
-        f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+        "--standalone",
         "--monitor_interval=0.1",
         str(script),
         *map(str, args),
