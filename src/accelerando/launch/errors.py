@@ -4,7 +4,9 @@ The agent's `ChildFailedError` lists every failed rank in a wide box after pages
 name the root cause first, then one line per other failed rank. The root cause is the rank that
 failed on its own: killed by a signal the agent did not send (the OOM killer, `kill -9`), else the
 earliest exception. A signal death comes first because it is what makes its peers raise
-("Connection reset by peer"), never the other way round. Rendezvous failures become one paragraph
+("Connection reset by peer"), never the other way round; but a rank that recorded an exception
+before its signal (a peer's error, then gloo aborting the process at exit: "terminate called
+without an active exception") failed because of that exception, and ranks with it. Rendezvous failures become one paragraph
 that names the address and what to check.
 """
 
@@ -64,13 +66,15 @@ class AgentSignals(logging.Handler):
 def root_cause(failures: dict[int, Any], agent_signalled: Collection[int] | None = None) -> tuple[int, Any]:
     """The failure to show first (see the module docstring).
 
-    Tiers: killed by a signal the agent did not send (only when `agent_signalled` is known), then
-    the earliest recorded exception, then a plain non-zero exit, then the rest; earliest first.
+    Tiers: killed by a signal the agent did not send, with no exception recorded before it (only
+    when `agent_signalled` is known), then the earliest recorded exception, then a plain non-zero
+    exit, then the rest; earliest first.
     """
 
     def key(item: tuple[int, Any]) -> tuple[int, float, int]:
         rank, failure = item
-        if agent_signalled is not None and failure.exitcode < 0 and failure.pid not in agent_signalled:
+        unprompted = agent_signalled is not None and failure.pid not in agent_signalled
+        if unprompted and failure.exitcode < 0 and not _traceback(failure):
             tier = 0
         elif _traceback(failure):
             tier = 1

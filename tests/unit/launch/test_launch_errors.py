@@ -63,6 +63,18 @@ def test_a_signal_the_agent_did_not_send_is_the_root_cause() -> None:
     assert exit_code(failures, {100}) == 1
 
 
+def test_a_rank_that_raised_before_its_own_abort_is_not_the_root_cause() -> None:
+    """kill -9 of rank 1; rank 0 raises "Connection closed by peer", then gloo aborts it at exit
+    (SIGABRT, not sent by the launcher, recorded before rank 1's whole-second timestamp)."""
+    failures = {
+        0: Failure(0, -6, 11, recorded("RuntimeError: Connection closed by peer", 10.4), pid=100),
+        1: Failure(1, -9, 11, pid=101),
+    }
+    assert root_cause(failures, agent_signalled=set())[0] == 1
+    alone = {0: failures[0]}  # without the killed peer, the exception is still the cause shown
+    assert root_cause(alone, agent_signalled=set())[0] == 0
+
+
 def test_estimate_strategies_shard_as_documented() -> None:
     single = estimate(1000, "float32", "single", 4)
     assert (single.weights, single.gradients, single.optimizer) == (4000, 4000, 8000)
