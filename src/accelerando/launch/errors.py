@@ -6,8 +6,8 @@ failed on its own: killed by a signal the agent did not send (the OOM killer, `k
 earliest exception. A signal death comes first because it is what makes its peers raise
 ("Connection reset by peer"), never the other way round; but a rank that recorded an exception
 before its signal (a peer's error, then gloo aborting the process at exit: "terminate called
-without an active exception") failed because of that exception, and ranks with it. Rendezvous failures become one paragraph
-that names the address and what to check.
+without an active exception") failed because of that exception, and ranks with it. Rendezvous
+failures become one paragraph that names the address and what to check.
 """
 
 from __future__ import annotations
@@ -74,9 +74,10 @@ def root_cause(failures: dict[int, Any], agent_signalled: Collection[int] | None
     def key(item: tuple[int, Any]) -> tuple[int, float, int]:
         rank, failure = item
         unprompted = agent_signalled is not None and failure.pid not in agent_signalled
-        if unprompted and failure.exitcode < 0 and not _traceback(failure):
+        raised = _traceback(failure) is not None
+        if unprompted and failure.exitcode < 0 and not raised:
             tier = 0
-        elif _traceback(failure):
+        elif raised:
             tier = 1
         else:
             tier = 2 if failure.exitcode > 0 else 3
