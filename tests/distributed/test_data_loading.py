@@ -67,8 +67,8 @@ def _start_pair(victim: int, route: str) -> list[subprocess.Popen[str]]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ring is Linux only")
 def test_dispatch_peer_killed_mid_epoch_makes_the_other_rank_raise_naming_it() -> None:
     """A dead receiver makes rank 0 raise within 10 s naming it, and a dead rank 0 its receiver,
-    over the shared-memory ring and over gloo (the four pairs run at once)."""
-    cases = [(victim, route) for victim in (1, 0) for route in ("ring", "gloo")]
+    over the shared-memory ring, reading rank 0's memory, and over gloo (the six pairs run at once)."""
+    cases = [(victim, route) for victim in (1, 0) for route in ("ring", "cross", "gloo")]
     pairs = {case: _start_pair(*case) for case in cases}
     for (victim, route), procs in pairs.items():
         outs = [p.communicate(timeout=120) for p in procs]

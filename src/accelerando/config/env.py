@@ -102,7 +102,7 @@ class EnvSettings:
     fork_launched: bool = False
 
 
-def _optional_flag(name: str, env: Mapping[str, str]) -> bool | None:
+def _optional_flag(name: str, env: Mapping[str, str] | None) -> bool | None:
     value = lookup(name, env)
     return None if value is None else parse_bool(value, PREFIX + name)
 
@@ -214,11 +214,12 @@ def clear_environment() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def dispatch_cross_memory(env: Mapping[str, str] | None = None) -> bool:
-    """`ACCELERANDO_DISPATCH_CROSS_MEMORY=1`: rank 0 of a `dispatch_batches` loader lets the ranks
-    on its host read its memory (`process_vm_readv`). Off unless asked: it lets any process of the
-    same user ptrace rank 0 (`PR_SET_PTRACER_ANY`)."""
-    return flag("DISPATCH_CROSS_MEMORY", default=False, env=env)
+def dispatch_cross_memory(env: Mapping[str, str] | None = None) -> bool | None:
+    """`ACCELERANDO_DISPATCH_CROSS_MEMORY`: may the ranks on rank 0's host read its memory
+    (`process_vm_readv`) instead of going through the ring? Unset (None): where the system already
+    allows it, rank 0 changing nothing; `1`: rank 0 also lets any process of its user ptrace it
+    (`PR_SET_PTRACER_ANY`, needed under Yama ptrace_scope=1); `0`: never."""
+    return _optional_flag("DISPATCH_CROSS_MEMORY", env)
 
 
 # --- launcher side (owned by the launcher issue): what `accelerando launch` reads and writes ---

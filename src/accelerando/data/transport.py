@@ -1,9 +1,12 @@
 """Moving one rank's batch from rank 0 to rank r for `dispatch_batches=True`.
 
-- Ranks on rank 0's host get the bytes copied into a shared-memory ring (`shm_ring`): one copy
-  each side. With `ACCELERANDO_DISPATCH_CROSS_MEMORY=1` (opt-in: rank 0 then lets any process of
-  its user read its memory) they get the tensors' addresses instead and copy the bytes straight
-  out of rank 0 (`cross_memory`); rank 0 keeps those tensors until the receiver has read them.
+- Ranks on rank 0's host that may read its memory get the tensors' addresses through a
+  shared-memory ring (`shm_ring`) and copy the bytes straight out of rank 0 (`cross_memory`);
+  rank 0 keeps those tensors until the receiver has read them. By default that is where the system
+  already allows it (no Yama, or ptrace_scope=0): rank 0 opens nothing. With
+  `ACCELERANDO_DISPATCH_CROSS_MEMORY=1` rank 0 also lets any process of its user read it
+  (`PR_SET_PTRACER_ANY`, for Yama ptrace_scope=1); with `=0` no rank reads it.
+- The other ranks on its host get the bytes copied into the ring: one copy each side.
 - Ranks on other hosts get both over gloo: the default group when it is gloo, else one gloo
   group that every channel of the process shares, each channel with its own message tag.
 
@@ -155,7 +158,10 @@ class Channel:
         if record.kind == REMOTE:
             raw = view.numpy()
             head, where = raw[: record.header].tobytes(), raw[record.header :].tobytes()
-            batch = self.codec.read(head, where, self.reader.pid, self.pin)
+            try:
+                batch = self.codec.read(head, where, self.reader.pid, self.pin)
+            except OSError as err:  # rank 0 died or its buffer vanished
+                raise RuntimeError(f"dispatch_batches: reading rank 0's memory failed: {err}") from err
         else:
             buf = torch.empty(record.total, dtype=torch.uint8, pin_memory=self.pin)
             copy_bytes(buf, view)
@@ -192,13 +198,14 @@ def transfer_group() -> Any:
 
 def local_route(group: Any, channel: Channel) -> None:
     """Connect rank 0 with every rank of its host through a ring, and find which of those may read
-    its memory (opt-in); collective over `group`. Ranks left out are reached over gloo."""
+    its memory (see the module doc); collective over `group`. Ranks left out are reached over gloo."""
     rank, timeout = channel.rank, group_timeout(group)
     ring = rank == 0 and sys.platform.startswith("linux")
     listener, name = shm_ring.listen(dist.get_world_size(group)) if ring else (None, "")
     probe = torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
-    cross = rank == 0 and env.dispatch_cross_memory()
-    if cross:
+    wanted = env.dispatch_cross_memory()
+    cross = rank == 0 and wanted is not False
+    if rank == 0 and wanted:
         cross_memory.allow_readers()
     offer: list[Any] = [
         socket.gethostname(),

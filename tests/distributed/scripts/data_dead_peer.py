@@ -1,7 +1,8 @@
 """dispatch_batches: one rank is killed (SIGKILL) mid-epoch; the other must raise, naming it.
 
 Usage (as raw processes, no launcher to stop the survivor): data_dead_peer.py VICTIM ROUTE
-VICTIM is the rank that dies (1: a receiver, 0: the sender), ROUTE "ring" or "gloo". The victim
+VICTIM is the rank that dies (1: a receiver, 0: the sender), ROUTE "ring", "cross" (the receiver
+reads rank 0's memory) or "gloo". The victim
 prints the time it dies at; the survivor prints the time it raised at and the error, and exits
 with status 3.
 """
@@ -20,6 +21,7 @@ from accelerando.config.options import DataLoaderConfiguration
 from accelerando.data import prepare_data_loader
 
 victim, route = int(sys.argv[1]), sys.argv[2]
+os.environ["ACCELERANDO_DISPATCH_CROSS_MEMORY"] = "1" if route == "cross" else "0"
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 if route == "gloo":

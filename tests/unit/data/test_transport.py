@@ -108,10 +108,12 @@ def test_remote_codec_reuses_a_description_only_for_the_same_structure() -> None
     assert codec.pack_addresses([torch.zeros(3), torch.ones(3)]).header != first  # container changed
 
 
-def test_cross_memory_reads_are_opt_in() -> None:
+def test_cross_memory_reads_open_rank_0_only_when_asked() -> None:
+    """Unset: read rank 0 where the system already allows it (None); 1: rank 0 opens itself; 0: never."""
     from accelerando.config import env
 
-    assert env.dispatch_cross_memory({}) is False
+    assert env.dispatch_cross_memory({}) is None
+    assert env.dispatch_cross_memory({"ACCELERANDO_DISPATCH_CROSS_MEMORY": "0"}) is False
     assert env.dispatch_cross_memory({"ACCELERANDO_DISPATCH_CROSS_MEMORY": "1"}) is True
     assert env.dispatch_cross_memory({"ACCELERATE_DISPATCH_CROSS_MEMORY": "true"}) is True
     with pytest.raises(ValueError, match="ACCELERANDO_DISPATCH_CROSS_MEMORY='maybe'"):
