@@ -139,3 +139,14 @@ def test_a_rank_that_raised_on_a_dead_peer_exits_with_its_error_not_an_abort(tmp
         assert procs[1].returncode == -signal.SIGKILL, (attempt, procs[1].returncode)
         assert procs[0].returncode == 1, (attempt, procs[0].returncode, err)
         assert "Traceback (most recent call last)" in err and "terminate called" not in err, (attempt, err)
+
+
+def test_a_rank_that_raised_with_an_operation_pending_ends_the_job_in_seconds(tmp_path: Path) -> None:
+    """Before, rank 0's exit waited on its pending all_reduce for the group's timeout, and the launch
+    hung with it; now the worker gives the group 5 s to shut down, and the job ends naming rank 0."""
+    start = time.monotonic()
+    proc = run_cli(["launch", "-q", "--cpu", "--num_processes", "2", "cli_pending.py"], clean_env(tmp_path))
+    assert time.monotonic() - start < 60
+    assert proc.returncode == 1, proc.stderr
+    assert "first failure: rank 0 " in proc.stderr, proc.stderr
+    assert "ValueError: rank 0 fails with an all_reduce pending" in proc.stderr, proc.stderr

@@ -9,7 +9,8 @@ accelerando first, which turns `accelerando.as_accelerate()` on (the script then
 and `accelerate` as usual). If the script raises, the
 traceback (without these frames) goes to stderr and, in the JSON layout torch's `ProcessFailure`
 reads, to `$TORCHELASTIC_ERROR_FILE`; the launcher names it first. A gloo group the script left
-is then destroyed, so the process exits with its error rather than gloo's abort at exit.
+is then destroyed (within a deadline), so the process exits with its error at once, rather than
+by gloo's abort at exit or after waiting on a peer for the group's timeout.
 
 Every process started this way asks the kernel to kill it when its parent, the launcher's agent,
 dies (`prctl(PR_SET_PDEATHSIG)`), so a `kill -9` of `accelerando launch` leaves no orphan ranks
@@ -31,13 +32,16 @@ import json  # noqa: E402
 import os  # noqa: E402
 import runpy  # noqa: E402
 import signal  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Mapping  # noqa: E402
 from types import TracebackType  # noqa: E402
+from typing import Any  # noqa: E402
 
 _TRUE = ("1", "true", "yes", "on", "y", "t")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_CLOSE_DEADLINE = 5.0  # seconds a failed script's process group may take to shut down
 _SKIP = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
 
@@ -133,19 +137,41 @@ def as_accelerate_requested(environ: Mapping[str, str] = os.environ) -> bool:
     return value.strip().lower() in _TRUE
 
 
-def close_gloo_group() -> None:
+def close_gloo_group(deadline: float = _CLOSE_DEADLINE) -> None:
     """Destroy the script's default gloo group, if it left one, after it raised.
 
-    A gloo group whose peer has died aborts the process at interpreter exit ("terminate called
-    without an active exception", SIGABRT) in about 4 of 10 runs: the launcher then reports a signal
-    death instead of the exception just recorded. Destroying it here, while the interpreter is
-    whole, ends the process with its exception. torch is looked up, never imported.
+    Left to the interpreter's exit, such a group either aborts the process ("terminate called
+    without an active exception", SIGABRT, in 9 of 20 runs after its peer died), so that the
+    launcher reports a signal instead of the exception just recorded, or, with an operation still
+    pending on a live peer, keeps it alive until that peer gives up (the group's timeout, 30 minutes
+    by default) while the launcher, seeing no process end, waits too. Destroyed here, the process
+    exits with its exception; one that does not shut down within `deadline` seconds is ended at
+    once with status 1. torch is looked up, never imported.
     """
     dist = sys.modules.get("torch.distributed")
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            if dist.get_backend() == "gloo":
-                dist.destroy_process_group()
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        if dist.get_backend() != "gloo":
+            return
+    except Exception:  # noqa: BLE001 - the exception already recorded is the one to report
+        return
+    closer = threading.Thread(target=_destroy_quietly, args=(dist,), daemon=True)
+    closer.start()
+    closer.join(deadline)
+    if closer.is_alive():
+        sys.stderr.write(
+            f"[accelerando] the process group did not shut down within {deadline:g} s (an operation"
+            " was still waiting for a peer); ending this process with status 1\n"
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _destroy_quietly(dist: Any) -> None:
+    try:
+        dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - the exception already recorded is the one to report
         pass
 
