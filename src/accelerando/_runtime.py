@@ -96,24 +96,27 @@ def _init_process_group(topology: ProcessTopology, backend: str, kwargs: InitPro
     if dist.is_initialized():
         return
     timeout = kwargs.timeout or timedelta(minutes=10 if backend == "nccl" else 30)
+    where: dict[str, Any] = {}
     if kwargs.init_method is not None:
-        init_method = kwargs.init_method
+        where["init_method"] = kwargs.init_method
+    elif _NEXT_PORT is not None:  # these processes tore a group down before: never its store again
+        is_master = topology.rank == 0  # also under torchrun, whose agent store still holds the old keys
+        where["store"] = dist.TCPStore(
+            topology.main_address, _NEXT_PORT, topology.world_size, is_master=is_master, timeout=timeout
+        )
     elif topology.source == "torchelastic":
-        init_method = "env://"  # reuses the agent's store when torchrun asks for it
+        where["init_method"] = "env://"  # reuses the agent's store when torchrun asks for it
     else:
-        init_method = f"tcp://{topology.main_address}:{topology.main_port}"
+        where["init_method"] = f"tcp://{topology.main_address}:{topology.main_port}"
     dist.init_process_group(
-        backend=backend,
-        init_method=init_method,
-        rank=topology.rank,
-        world_size=topology.world_size,
-        timeout=timeout,
+        backend=backend, rank=topology.rank, world_size=topology.world_size, timeout=timeout, **where
     )
 
 
 _FAILED = False
 _DISTRIBUTED = False  # a distributed runtime was created in this process (survives reset_runtime)
 _TEARDOWNS = 0  # teardowns so far in this process: each meets under store keys of its own
+_NEXT_PORT: int | None = None  # where the next group of these processes meets (set at a teardown)
 
 
 def _teardown_at_exit() -> None:
@@ -158,6 +161,7 @@ def destroy_default_group(meet: bool = True) -> None:
         pass
     if store is not None:
         key = f"accelerando/teardown/{env.restart_count()}/{_TEARDOWNS}"
+        _agree_next_port(store, key, rank, timeout=timedelta(seconds=60))
         _leave_together(store, key, rank, world, timeout=timedelta(seconds=60))
 
 
@@ -166,6 +170,28 @@ def _default_store() -> Any:
         return dist.distributed_c10d._get_default_store()
     except Exception:  # noqa: BLE001 - without it the exit is only less safe
         return None
+
+
+def _agree_next_port(store: Any, key: str, rank: int, timeout: timedelta) -> None:
+    """Agree on a fresh port for the next group of these processes (an `Accelerator()` after
+    `end_training()` and a runtime reset; several scripts run in one launch).
+
+    The old store must not be joined again: rank 0 closes it last (`_leave_together`), so a peer
+    that initialised its next group at once joined it, read the old group's addresses there and
+    failed to connect ("Gloo connectFullMesh failed"), or lost its connection when rank 0 closed it
+    (a C++ trace); torchrun's shared agent store keeps the old addresses for good. At a port nothing
+    holds, a peer waits until rank 0's new store listens.
+    """
+    global _NEXT_PORT
+    try:
+        if rank == 0:
+            from accelerando.launch.ports import free_port
+
+            store.set(f"{key}/port", str(free_port()))
+        store.wait([f"{key}/port"], timeout)
+        _NEXT_PORT = int(store.get(f"{key}/port"))
+    except Exception:  # noqa: BLE001 - a peer is gone (killed by the launcher): this process ends
+        _NEXT_PORT = None
 
 
 def _leave_together(store: Any, key: str, rank: int, world: int, timeout: timedelta) -> None:

@@ -23,7 +23,7 @@ import pytest
 from accelerando.testing import run_distributed
 
 SCRIPTS = Path(__file__).parent / "scripts"
-EXIT_MODES = ("noprep", "reset", "user_group", "end")
+EXIT_MODES = ("noprep", "reset", "user_group", "end", "again")
 
 # (script, args with {work} for a fresh folder per round, ranks, extra environment), in order:
 # a later step may read what an earlier one of the same round wrote.
@@ -55,6 +55,9 @@ def cpu_hog() -> Iterator[None]:
 
 def _launches(work: Path) -> list[tuple[str, list[str], int, dict[str, str]]]:
     runs = [("core_exit_modes.py", [mode], 2, {}) for mode in EXIT_MODES]
+    runs.append(
+        ("core_exit_modes.py", ["again"], 2, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
+    )  # torchrun's default
     if os.environ.get("ACCELERANDO_EXIT_STRESS_ALL") == "1":
         runs += [(s, [a.format(work=work) for a in args], n, env) for s, args, n, env in ALL_LAUNCHES]
     return runs

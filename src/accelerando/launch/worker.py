@@ -72,10 +72,14 @@ def record(exc: BaseException, skip: frozenset[str] = frozenset()) -> str:
                 "extraInfo": {"py_callstack": text, "timestamp": str(int(now)), "time": repr(now)},
             }
         }
+        tmp = f"{path}.{os.getpid()}.tmp"  # the agent reads the file as soon as a peer fails: never half-written
         try:
-            with open(path, "w") as fh:
+            with open(tmp, "w") as fh:
                 json.dump(data, fh)
+            os.replace(tmp, path)
         except OSError as err:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
             sys.stderr.write(f"accelerando: could not write the error file {path}: {err}\n")
     return text
 

@@ -2,7 +2,9 @@
 
 Modes: `noprep` (an Accelerator, never `prepare`), `reset` (the runtime reset and rebuilt, as tests
 and notebooks do, then DDP), `user_group` (the user created the process group before the
-Accelerator), `end` (`end_training()`). A hook registered before accelerando is imported runs after
+Accelerator), `end` (`end_training()`), `again` (`end_training()`, then the runtime reset and a new
+`Accelerator` in the same processes, twice, as one launch running several scripts does, with rank 0 slow to close the store it hosted: a peer that joined that
+store instead of the new one got "Connection reset by peer" and a C++ trace from TCPStore). A hook registered before accelerando is imported runs after
 the library's exit teardown and reports whether the group is gone by then.
 """
 
@@ -34,5 +36,27 @@ if mode != "noprep":
     model = acc.prepare(torch.nn.Linear(2, 2))
     acc.backward(model(torch.ones(3, 2)).sum())
 print(f"rank {acc.process_index} {mode}", acc.gather(torch.tensor([acc.process_index])).tolist(), flush=True)
-if mode == "end":
+if mode in ("end", "again"):
     acc.end_training()
+if mode == "again":
+    import time
+
+    from accelerando import _runtime
+
+    leave = _runtime._leave_together
+
+    def rank_0_slow_to_close(*args, **kwargs):
+        leave(*args, **kwargs)
+        if args[2] == 0:  # the rank argument
+            time.sleep(1)
+
+    _runtime._leave_together = rank_0_slow_to_close
+    for _ in range(2):
+        reset_runtime()
+        acc = Accelerator(cpu=True)
+        print(
+            f"rank {acc.process_index} again",
+            acc.gather(torch.tensor([acc.process_index])).tolist(),
+            flush=True,
+        )
+        acc.end_training()

@@ -107,3 +107,30 @@ def test_restart_notice_names_the_rank_that_failed_first() -> None:
         "Worker group FAILED. 1/1 attempts left; will restart worker group"
     ]
     assert memo.failures == {}  # the next restart names its own failure
+
+
+def test_a_rank_killed_while_recording_its_error_leaves_no_half_written_error_file(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's agent json-loads a rank's error file as soon as a peer fails; a file it finds empty
+    ended `accelerando launch` with 'Expecting value: line 1 column 1' (seen beside a CPU hog)."""
+    import json
+
+    from accelerando.launch import worker
+
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+
+    def killed_mid_write(data: Any, fh: Any) -> None:
+        fh.write('{"message": ')
+        fh.flush()
+        raise OSError("killed")
+
+    monkeypatch.setattr(worker.json, "dump", killed_mid_write)
+    worker.record(RuntimeError("first"))
+    assert not path.exists(), "a reader must find the whole file or none"
+    assert list(tmp_path.iterdir()) == [], "nor a temporary file left behind"
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    worker.record(RuntimeError("boom"))
+    assert json.loads(path.read_text())["message"]["message"] == "RuntimeError: boom"
