@@ -202,6 +202,17 @@ class StagedCheckpoint:
             error, local = err, {}
         self._pool.shutdown()
         parts = all_gather_object((local, error is not None), self.group)
+        if len(parts) != world_size:
+            # The gather reached fewer ranks than the checkpoint is for: the process group was
+            # destroyed under this save (a rank whose training loop failed tears it down while its
+            # asynchronous save is still finishing), so the collectives above ran as if alone. The
+            # other ranks' files may be missing: a manifest written now would make them look complete.
+            self.abort()
+            raise CheckpointError(
+                f"{str(self.target)!r} was not published: the records of {len(parts)} of {world_size} "
+                "ranks were gathered (the process group was destroyed before the save finished); "
+                "the previous checkpoint is intact"
+            )
         if any(failed for _, failed in parts):
             self.abort()
             if error is not None:

@@ -11,7 +11,14 @@ import torch
 
 from accelerando import checkpointing
 from accelerando.checkpoint import rng
-from accelerando.checkpoint.atomic import Manifest, StagedCheckpoint, crc32_file, staging_path
+from accelerando.checkpoint.atomic import (
+    CheckpointError,
+    Manifest,
+    StagedCheckpoint,
+    crc32_file,
+    is_complete,
+    staging_path,
+)
 
 
 def test_staged_publish_and_overwrite(tmp_path: Path) -> None:
@@ -27,6 +34,20 @@ def test_staged_publish_and_overwrite(tmp_path: Path) -> None:
     assert manifest.files["a.bin"].crc32 == crc32_file(target / "a.bin")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
     assert Manifest.from_json(manifest.to_json()) == manifest
+
+
+def test_publish_refuses_a_gather_that_missed_ranks(tmp_path: Path) -> None:
+    """A save for 2 ranks whose gather saw only this rank (the process group was destroyed under an
+    asynchronous save: a failing rank's worker tears it down while the save thread finishes) publishes
+    nothing; a manifest written then omitted random_states_1.pkl, and the restarted job's rank 1 failed
+    reading it (FileNotFoundError) after validation passed."""
+    target = tmp_path / "ck"
+    stage = StagedCheckpoint(target, is_writer=True).open()
+    stage.write("random_states_0.pkl", {"x": torch.ones(2)})
+    with pytest.raises(CheckpointError, match="1 of 2 ranks"):
+        stage.publish(world_size=2, extra={})
+    assert not is_complete(target) and not target.exists()
+    assert list(tmp_path.iterdir()) == [], "the staging directory is removed"
 
 
 def test_rng_round_trip_weights_only(tmp_path: Path) -> None:
