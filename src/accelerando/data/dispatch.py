@@ -296,7 +296,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         if self._rank != 0:
             return self._receive()
         self._shard.skip = 0 if restoring else start
-        inner = iter(super(PreparedLoaderMixin, self).__iter__())
+        inner = self._open_base()
         counts = None if restoring else getattr(self._shard, "pass_counts", None)  # none for a stream
         self._pass_batches = None if counts is None else counts[0]
         return self._produce(inner, self._shard.global_batches, counts)

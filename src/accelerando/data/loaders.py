@@ -181,6 +181,29 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def _source(self, start: int) -> Iterator[Any]:
         raise NotImplementedError
 
+    def _open_base(self) -> Iterator[Any]:
+        """The underlying DataLoader's iterator for this pass (its workers start here)."""
+        self._base_iter = iter(super().__iter__())  # type: ignore[misc]
+        return self._base_iter
+
+    def _close_base(self) -> None:
+        """End the pass's workers now, and wait for the threads that fed them their indices.
+
+        torch closes the index queues when a pass ends, and each queue's feeder thread exits a
+        moment later on its own; a worker forked while one was still exiting (the next pass's, or
+        another loader's) could hang for good in CPython's after-fork code (1 launch in about 25 of
+        the data-loading test beside a CPU hog). Persistent workers stay for the next pass.
+        """
+        base, self._base_iter = getattr(self, "_base_iter", None), None
+        shutdown = getattr(base, "_shutdown_workers", None)
+        if shutdown is None or self.persistent_workers:  # type: ignore[attr-defined]
+            return
+        shutdown()
+        for queue in getattr(base, "_index_queues", ()):
+            feeder = getattr(queue, "_thread", None)  # multiprocessing.Queue's feeder, once started
+            if feeder is not None:
+                feeder.join(timeout=10)
+
     def _full_length(self) -> int:
         return int(self._shard.full_length(self._rank))  # type: ignore[attr-defined]
 
@@ -252,6 +275,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
             yield from self._iterate(self._source(self._pass_start))
             completed = True
         finally:
+            self._close_base()
             self.end()
             self._start = self._skip_each_pass
             if completed:
@@ -451,7 +475,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
         restoring = self._stateful and self._pending_state is not None
         self._pending_state = None
         self._shard.skip = 0 if restoring else start
-        inner = iter(super(PreparedLoaderMixin, self).__iter__())
+        inner = self._open_base()
         # torchdata fast-forwards a restored iterator itself: only a fresh one has the shard's count
         self._pass_batches = None if restoring else getattr(self._shard, "pass_batches", None)
         return inner

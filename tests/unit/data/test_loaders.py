@@ -321,3 +321,25 @@ def test_stateful_loader_in_process_roundtrip() -> None:
     other = make()
     other.load_state_dict(state)
     assert head + [b.tolist() for b in other] == full
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_a_pass_with_workers_leaves_no_feeder_thread_behind(stateful: bool) -> None:
+    """When a pass ends (whole, or left by `break`), the threads that fed its workers their indices
+    have exited: a worker forked while one was still exiting (the next pass's, another loader's)
+    could hang for good in CPython's after-fork code (1 launch of the data-loading test in about 25
+    beside a CPU hog). Before, the first pass's two feeder threads were still alive after it."""
+    import threading
+
+    def feeders() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "QueueFeederThread" and t.is_alive()]
+
+    base = DataLoader(list(range(40)), batch_size=4, num_workers=2)
+    dl = prepare_data_loader(base, put_on_device=False, use_stateful_dataloader=stateful)
+    for _ in range(3):
+        assert len(list(dl)) == 10
+        assert feeders() == []
+        for i, _batch in enumerate(dl):
+            if i == 1:
+                break
+        assert feeders() == []
