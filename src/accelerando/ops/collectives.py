@@ -45,7 +45,19 @@ def _group(group: Any) -> Any:
 
 
 def _world(group: Any = None) -> int:
-    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    """The group's size; 1 in a single process. A distributed runtime whose group is gone raises:
+    answering 1 turned every rank's collective into a silent local no-op after `end_training()`."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group)
+    runtime = _runtime.current()
+    if runtime is not None and runtime.topology.world_size > 1:
+        raise RuntimeError(
+            f"this process's group of {runtime.topology.world_size} ranks was destroyed "
+            "(end_training() or destroy_process_group()), so collectives can no longer run; to train "
+            "again in the same processes, call accelerando.state.reset_runtime() on every rank, then "
+            "create a new Accelerator"
+        )
+    return 1
 
 
 def _verify_in_debug(operation: str, data: Any, group: Any) -> None:

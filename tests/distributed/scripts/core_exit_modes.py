@@ -41,6 +41,13 @@ if mode in ("end", "again"):
 if mode == "again":
     import time
 
+    try:  # before, the stale runtime answered locally: [rank] on each rank, no error
+        acc.gather(torch.tensor([acc.process_index]))
+    except RuntimeError as err:
+        assert "end_training()" in str(err) and "reset_runtime()" in str(err), err
+    else:
+        raise AssertionError("gather after end_training() did not raise")
+
     from accelerando import _runtime
 
     leave = _runtime._leave_together
