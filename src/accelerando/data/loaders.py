@@ -95,6 +95,24 @@ class DataLoaderStateMixin:
             self.gradient_state._remove_dataloader(self)
 
 
+def end_workers(iterator: Any) -> None:
+    """End a DataLoader iterator's worker processes now, and wait for the threads that fed them.
+
+    torch closes the index queues when a pass ends, and each queue's feeder thread exits a moment
+    later on its own; a worker forked while one was still exiting (the next pass's, or another
+    loader's) could hang for good in CPython's after-fork code (a rare hang of the data-loading test
+    beside a CPU hog, 1 launch in 20 to 60). A single-process iterator has nothing to end.
+    """
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    shutdown()
+    for queue in getattr(iterator, "_index_queues", ()):
+        feeder = getattr(queue, "_thread", None)  # multiprocessing.Queue's feeder, once started
+        if feeder is not None:
+            feeder.join(timeout=10)
+
+
 class PreparedLoaderMixin(DataLoaderStateMixin):
     """The behaviour shared by every prepared loader; subclasses provide `_source`."""
 
@@ -186,24 +204,6 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self._base_iter = iter(super().__iter__())  # type: ignore[misc]
         return self._base_iter
 
-    def _close_base(self) -> None:
-        """End the pass's workers now, and wait for the threads that fed them their indices.
-
-        torch closes the index queues when a pass ends, and each queue's feeder thread exits a
-        moment later on its own; a worker forked while one was still exiting (the next pass's, or
-        another loader's) could hang for good in CPython's after-fork code (1 launch in about 25 of
-        the data-loading test beside a CPU hog). Persistent workers stay for the next pass.
-        """
-        base, self._base_iter = getattr(self, "_base_iter", None), None
-        shutdown = getattr(base, "_shutdown_workers", None)
-        if shutdown is None or self.persistent_workers:  # type: ignore[attr-defined]
-            return
-        shutdown()
-        for queue in getattr(base, "_index_queues", ()):
-            feeder = getattr(queue, "_thread", None)  # multiprocessing.Queue's feeder, once started
-            if feeder is not None:
-                feeder.join(timeout=10)
-
     def _full_length(self) -> int:
         return int(self._shard.full_length(self._rank))  # type: ignore[attr-defined]
 
@@ -270,12 +270,15 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def __iter__(self) -> Iterator[Any]:
         self._prepare_pass()
         self.begin()
-        completed = False
+        completed, self._base_iter, base = False, None, None
         try:
-            yield from self._iterate(self._source(self._pass_start))
+            source = self._source(self._pass_start)
+            base, self._base_iter = self._base_iter, None  # this pass's own, whatever others run
+            yield from self._iterate(source)
             completed = True
         finally:
-            self._close_base()
+            if not self.persistent_workers:  # type: ignore[attr-defined]  # they serve the next pass
+                end_workers(base)
             self.end()
             self._start = self._skip_each_pass
             if completed:

@@ -343,3 +343,7 @@ def test_a_pass_with_workers_leaves_no_feeder_thread_behind(stateful: bool) -> N
             if i == 1:
                 break
         assert feeders() == []
+    first, second = iter(dl), iter(dl)  # ending one pass ends its own workers, not another's
+    next(first), next(second)
+    del first
+    assert len(list(second)) == 9
