@@ -55,9 +55,8 @@ def cpu_hog() -> Iterator[None]:
 
 def _launches(work: Path) -> list[tuple[str, list[str], int, dict[str, str]]]:
     runs = [("core_exit_modes.py", [mode], 2, {}) for mode in EXIT_MODES]
-    runs.append(
-        ("core_exit_modes.py", ["again"], 2, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
-    )  # torchrun's default
+    shared_store = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}  # torchrun's default
+    runs.append(("core_exit_modes.py", ["again"], 2, shared_store))
     if os.environ.get("ACCELERANDO_EXIT_STRESS_ALL") == "1":
         runs += [(s, [a.format(work=work) for a in args], n, env) for s, args, n, env in ALL_LAUNCHES]
     return runs

@@ -289,17 +289,17 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
             return None if self._mark == UNKNOWN else self._mark != MORE
         return super()._is_last(number)
 
-    def _source(self, start: int) -> Iterator[Any]:
+    def _source(self, start: int) -> tuple[Iterator[Any], Any]:
         restoring = self._stateful and self._pending_state is not None
         self._pending_state = None
         self._channel.begin_pass()
         if self._rank != 0:
-            return self._receive()
+            return self._receive(), None
         self._shard.skip = 0 if restoring else start
-        inner = self._open_base()
+        inner = iter(super(PreparedLoaderMixin, self).__iter__())
         counts = None if restoring else getattr(self._shard, "pass_counts", None)  # none for a stream
         self._pass_batches = None if counts is None else counts[0]
-        return self._produce(inner, self._shard.global_batches, counts)
+        return self._produce(inner, self._shard.global_batches, counts), inner
 
     def _receive(self) -> Iterator[Any]:
         self._remote_remainder = -1

@@ -95,7 +95,7 @@ class DataLoaderStateMixin:
             self.gradient_state._remove_dataloader(self)
 
 
-def end_workers(iterator: Any) -> None:
+def _end_workers(iterator: Any) -> None:
     """End a DataLoader iterator's worker processes now, and wait for the threads that fed them.
 
     torch closes the index queues when a pass ends, and each queue's feeder thread exits a moment
@@ -196,13 +196,9 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         self.reset()
 
     # -- what subclasses provide ---------------------------------------------------------------
-    def _source(self, start: int) -> Iterator[Any]:
+    def _source(self, start: int) -> tuple[Iterator[Any], Any]:
+        """The pass's batches, and the DataLoader iterator whose workers the pass owns (or None)."""
         raise NotImplementedError
-
-    def _open_base(self) -> Iterator[Any]:
-        """The underlying DataLoader's iterator for this pass (its workers start here)."""
-        self._base_iter = iter(super().__iter__())  # type: ignore[misc]
-        return self._base_iter
 
     def _full_length(self) -> int:
         return int(self._shard.full_length(self._rank))  # type: ignore[attr-defined]
@@ -270,15 +266,14 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
     def __iter__(self) -> Iterator[Any]:
         self._prepare_pass()
         self.begin()
-        completed, self._base_iter, base = False, None, None
+        completed, base = False, None
         try:
-            source = self._source(self._pass_start)
-            base, self._base_iter = self._base_iter, None  # this pass's own, whatever others run
+            source, base = self._source(self._pass_start)
             yield from self._iterate(source)
             completed = True
         finally:
             if not self.persistent_workers:  # type: ignore[attr-defined]  # they serve the next pass
-                end_workers(base)
+                _end_workers(base)
             self.end()
             self._start = self._skip_each_pass
             if completed:
@@ -474,14 +469,14 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
         """Takes effect on the next pass (`join_uneven_inputs` flips it for evaluation)."""
         self._shard.even_batches = bool(value)
 
-    def _source(self, start: int) -> Iterator[Any]:
+    def _source(self, start: int) -> tuple[Iterator[Any], Any]:
         restoring = self._stateful and self._pending_state is not None
         self._pending_state = None
         self._shard.skip = 0 if restoring else start
-        inner = self._open_base()
+        inner = iter(super(PreparedLoaderMixin, self).__iter__())
         # torchdata fast-forwards a restored iterator itself: only a fresh one has the shard's count
         self._pass_batches = None if restoring else getattr(self._shard, "pass_batches", None)
-        return inner
+        return inner, inner
 
 
 if StatefulDataLoader is not None:

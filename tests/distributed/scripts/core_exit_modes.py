@@ -2,10 +2,12 @@
 
 Modes: `noprep` (an Accelerator, never `prepare`), `reset` (the runtime reset and rebuilt, as tests
 and notebooks do, then DDP), `user_group` (the user created the process group before the
-Accelerator), `end` (`end_training()`), `again` (`end_training()`, then the runtime reset and a new
-`Accelerator` in the same processes, twice, as one launch running several scripts does, with rank 0 slow to close the store it hosted: a peer that joined that
-store instead of the new one got "Connection reset by peer" and a C++ trace from TCPStore). A hook registered before accelerando is imported runs after
-the library's exit teardown and reports whether the group is gone by then.
+Accelerator), `end` (`end_training()`), `again` (`end_training()`, then the runtime reset and a
+new `Accelerator` in the same processes, twice, as one launch running several scripts does, with
+rank 0 a second slow to close the store it hosted: a peer that joined that store instead of a new
+one failed with "Gloo connectFullMesh failed", or printed a C++ trace from TCPStore). A hook
+registered before accelerando is imported runs after the library's exit teardown and reports
+whether the group is gone by then.
 """
 
 import atexit
