@@ -29,17 +29,20 @@ class LayerwiseCastingHook(ModelHook):
         self.storage_dtype = storage_dtype
         self.compute_dtype = compute_dtype
         self.non_blocking = non_blocking
+        # Casting a module's weights cannot be traced: compile leaves these two calls out. Wrapped
+        # here, not by a decorator, because `torch.compiler.disable` imports torch._dynamo (about a
+        # second), which every `import accelerando` would pay.
+        self.pre_forward = torch.compiler.disable(self._cast_for_compute)  # type: ignore[method-assign]
+        self.post_forward = torch.compiler.disable(self._cast_for_storage)  # type: ignore[method-assign]
 
     def init_hook(self, module: nn.Module) -> nn.Module:
         return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
 
-    @torch.compiler.disable
-    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+    def _cast_for_compute(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
-    @torch.compiler.disable
-    def post_forward(self, module: nn.Module, output: Any) -> Any:
+    def _cast_for_storage(self, module: nn.Module, output: Any) -> Any:
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output
 

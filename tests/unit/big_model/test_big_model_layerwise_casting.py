@@ -56,3 +56,18 @@ def test_layerwise_casting_equals_accelerate(options: dict, storage: torch.dtype
     with torch.no_grad():
         assert torch.equal(mine(ids), reference(ids))
     assert {n: p.dtype for n, p in mine.named_parameters()} == stored  # back to storage after forward
+
+
+def test_a_compiled_model_casts_outside_the_graph_and_equals_the_uncompiled_one() -> None:
+    """Compiling a model with casting hooks keeps the uncompiled results and the stored dtypes (the
+    hooks' `torch.compiler.disable` is applied when a hook is made, no longer at import)."""
+    torch.manual_seed(0)
+    model = Net().to(torch.bfloat16)
+    ours(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    ids = torch.randint(0, 10, (2, 5))
+    with torch.no_grad():
+        expected = model(ids)
+        compiled = torch.compile(model, backend="eager")
+        assert torch.equal(compiled(ids), expected)
+        assert torch.equal(compiled(ids), expected)
+    assert {p.dtype for p in model.block.parameters()} == {torch.float8_e4m3fn}

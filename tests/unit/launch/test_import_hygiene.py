@@ -8,6 +8,8 @@ by a test or not.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,3 +95,16 @@ def test_pytest_is_never_imported_when_a_module_loads() -> None:
         if _is(i.target, "pytest") and (i.at_import_time or not _is(i.module, "accelerando.testing"))
     ]
     assert not bad, "pytest is not a dependency of accelerando:\n" + "\n".join(bad)
+
+
+def test_importing_the_library_and_its_command_line_leaves_the_compiler_unloaded() -> None:
+    """torch._dynamo costs about a second to import; `import accelerando` paid it for a decorator
+    (`torch.compiler.disable` on a hook's methods), so did every `accelerando` command and every
+    launch agent. Loaded once something compiles or builds a torch optimizer, not before."""
+    probe = (
+        "import sys, accelerando, accelerando.commands.main, accelerando.launch.worker; "
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
