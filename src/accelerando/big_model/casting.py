@@ -29,20 +29,20 @@ class LayerwiseCastingHook(ModelHook):
         self.storage_dtype = storage_dtype
         self.compute_dtype = compute_dtype
         self.non_blocking = non_blocking
-        # Casting a module's weights cannot be traced: compile leaves these two calls out. Wrapped
-        # here, not by a decorator, because `torch.compiler.disable` imports torch._dynamo (about a
-        # second), which every `import accelerando` would pay.
-        self.pre_forward = torch.compiler.disable(self._cast_for_compute)  # type: ignore[method-assign]
-        self.post_forward = torch.compiler.disable(self._cast_for_storage)  # type: ignore[method-assign]
 
     def init_hook(self, module: nn.Module) -> nn.Module:
         return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
 
-    def _cast_for_compute(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+    # Casting a module's weights is left out of compiled graphs. `torch._disable_dynamo` is
+    # `torch.compiler.disable` that loads torch._dynamo at the first call, not at import (about a
+    # second every `import accelerando` would pay); torch's own `Optimizer` uses it the same way.
+    @torch._disable_dynamo
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
-    def _cast_for_storage(self, module: nn.Module, output: Any) -> Any:
+    @torch._disable_dynamo
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output
 

@@ -4,6 +4,7 @@ layers hooked (and skipped), the same stored dtypes, the same outputs bit for bi
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -60,7 +61,7 @@ def test_layerwise_casting_equals_accelerate(options: dict, storage: torch.dtype
 
 def test_a_compiled_model_casts_outside_the_graph_and_equals_the_uncompiled_one() -> None:
     """Compiling a model with casting hooks keeps the uncompiled results and the stored dtypes (the
-    hooks' `torch.compiler.disable` is applied when a hook is made, no longer at import)."""
+    hooks' casts are excluded from compilation lazily, so importing the library loads no compiler)."""
     torch.manual_seed(0)
     model = Net().to(torch.bfloat16)
     ours(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
@@ -71,3 +72,21 @@ def test_a_compiled_model_casts_outside_the_graph_and_equals_the_uncompiled_one(
         assert torch.equal(compiled(ids), expected)
         assert torch.equal(compiled(ids), expected)
     assert {p.dtype for p in model.block.parameters()} == {torch.float8_e4m3fn}
+
+
+def test_a_copied_or_pickled_model_casts_with_its_own_hooks() -> None:
+    """A hook holds no per-instance functions: a deep copy's hooks follow the copy's settings, and a
+    model with hooks pickles (both broke while the hooks bound wrapped methods per instance)."""
+    torch.manual_seed(0)
+    model = Net().to(torch.bfloat16)
+    ours(model, storage_dtype=torch.float16, compute_dtype=torch.bfloat16)
+    copied = copy.deepcopy(model)
+    copied.head._hf_hook.compute_dtype = torch.float32
+    copied.head._hf_hook.pre_forward(copied.head)
+    assert copied.head.weight.dtype == torch.float32
+    assert model.head.weight.dtype == torch.float16
+    restored = pickle.loads(pickle.dumps(model))
+    ids = torch.randint(0, 10, (2, 5))
+    with torch.no_grad():
+        assert torch.equal(restored(ids), model(ids))
+    assert restored.head.weight.dtype == torch.float16
