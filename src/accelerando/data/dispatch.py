@@ -295,8 +295,7 @@ class DataLoaderDispatcher(PreparedLoaderMixin, DataLoader):  # type: ignore[mis
         self._channel.begin_pass()
         if self._rank != 0:
             return self._receive(), None
-        self._shard.skip = 0 if restoring else start
-        inner = iter(super(PreparedLoaderMixin, self).__iter__())
+        inner = self._base_pass(0 if restoring else start)
         counts = None if restoring else getattr(self._shard, "pass_counts", None)  # none for a stream
         self._pass_batches = None if counts is None else counts[0]
         return self._produce(inner, self._shard.global_batches, counts), inner

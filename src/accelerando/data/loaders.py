@@ -313,6 +313,12 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         persistent = self.persistent_workers and self.num_workers > 0  # type: ignore[attr-defined]
         return not (persistent and getattr(self, "_iterator", None) is not None)
 
+    def _base_pass(self, skip: int) -> Iterator[Any]:
+        """A pass of the DataLoader under this loader, its shard skipping `skip` batches first:
+        the iterator `_source` returns to `__iter__`, which ends its workers."""
+        self._shard.skip = skip  # type: ignore[attr-defined]
+        return iter(super().__iter__())  # type: ignore[misc]
+
     def _is_last(self, number: int) -> bool | None:
         """Whether batch `number` (from 1) of this pass is its last; None when only reading on
         can tell (the loader then loads one batch ahead to set `end_of_dataloader` in time)."""
@@ -472,8 +478,7 @@ class DataLoaderShard(PreparedLoaderMixin, DataLoader):  # type: ignore[misc]
     def _source(self, start: int) -> tuple[Iterator[Any], Any]:
         restoring = self._stateful and self._pending_state is not None
         self._pending_state = None
-        self._shard.skip = 0 if restoring else start
-        inner = iter(super(PreparedLoaderMixin, self).__iter__())
+        inner = self._base_pass(0 if restoring else start)
         # torchdata fast-forwards a restored iterator itself: only a fresh one has the shard's count
         self._pass_batches = None if restoring else getattr(self._shard, "pass_batches", None)
         return inner, inner
