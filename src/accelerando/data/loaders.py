@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from accelerando.data.samplers import SeedableRandomSampler, call_set_epoch
 from accelerando.data.sharding import remainder as sh_remainder
+from accelerando.data.worker_start import open_watched
 from accelerando.ops.tree import send_to_device
 from accelerando.utils.random import synchronize_rng_states
 
@@ -99,9 +100,9 @@ def _end_workers(iterator: Any) -> None:
     """End a DataLoader iterator's worker processes now, and wait for the threads that fed them.
 
     torch closes the index queues when a pass ends, and each queue's feeder thread exits a moment
-    later on its own; a worker forked while one was still exiting (the next pass's, or another
-    loader's) could hang for good in CPython's after-fork code (a rare hang of the data-loading test
-    beside a CPU hog, 1 launch in 20 to 60). A single-process iterator has nothing to end.
+    later on its own; ending them here keeps a pass from leaving threads behind it. (They were once
+    blamed for a rare hang of a forked worker; the thread that hangs one is a gloo thread creating a
+    Python thread state, see `worker_start`.) A single-process iterator has nothing to end.
     """
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is None:
@@ -317,7 +318,7 @@ class PreparedLoaderMixin(DataLoaderStateMixin):
         """A pass of the DataLoader under this loader, its shard skipping `skip` batches first:
         the iterator `_source` returns to `__iter__`, which ends its workers."""
         self._shard.skip = skip  # type: ignore[attr-defined]
-        return iter(super().__iter__())  # type: ignore[misc]
+        return open_watched(self, lambda: iter(super(PreparedLoaderMixin, self).__iter__()))  # type: ignore[misc]
 
     def _is_last(self, number: int) -> bool | None:
         """Whether batch `number` (from 1) of this pass is its last; None when only reading on

@@ -326,9 +326,7 @@ def test_stateful_loader_in_process_roundtrip() -> None:
 @pytest.mark.parametrize("stateful", [False, True])
 def test_a_pass_with_workers_leaves_no_feeder_thread_behind(stateful: bool) -> None:
     """When a pass ends (whole, or left by `break`), the threads that fed its workers their indices
-    have exited: a worker forked while one was still exiting (the next pass's, another loader's)
-    could hang for good in CPython's after-fork code (a rare hang of the data-loading test beside a
-    CPU hog). Before, the stateful loader's feeder thread was still alive after a `break`."""
+    have exited. Before, the stateful loader's feeder thread was still alive after a `break`."""
     import threading
 
     def feeders() -> list[threading.Thread]:
