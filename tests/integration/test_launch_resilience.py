@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_cli_launch import CLI, SCRIPTS, clean_env, run_cli
 
+from accelerando.checkpoint.atomic import MANIFEST_NAME
 from accelerando.testing import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,7 +75,10 @@ def test_sigkill_of_the_launcher_leaves_no_orphan_workers(tmp_path: Path, no_pyt
 def test_rank_killed_during_async_save_ends_the_job_in_seconds(tmp_path: Path) -> None:
     """Rank 1 is SIGKILLed while its background thread writes an asynchronous save, no restarts:
     rank 0 learns it from gloo's closed connection (not the process group's timeout) and the agent
-    ends the job naming rank 1; the half-written checkpoint is not published, the one before stays."""
+    ends the job naming rank 1; the half-written checkpoint is not published, the one before stays.
+    Its staging directory stays too, unless rank 0's save thread reached its abort (which removes
+    it) before the agent ended rank 0: a race (seen 1 suite run in about 30 beside a CPU hog), and
+    both outcomes are right."""
     args = ["launch", "-q", "--cpu", "--num_processes", "2", "cli_resume.py",
             str(tmp_path / "project"), "8", "async"]  # fmt: skip
     start = time.monotonic()
@@ -84,7 +88,9 @@ def test_rank_killed_during_async_save_ends_the_job_in_seconds(tmp_path: Path) -
     assert "first failure: rank 1 " in proc.stderr and "SIGKILL (not sent by the launcher)" in proc.stderr
     assert elapsed < 90, elapsed  # start-up and 8 steps included; the process-group timeout is 30 min
     root = tmp_path / "project" / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == [".checkpoint_1.incomplete", "checkpoint_0"]
+    left = sorted(p.name for p in root.iterdir())
+    assert left in ([".checkpoint_1.incomplete", "checkpoint_0"], ["checkpoint_0"]), left
+    assert (root / "checkpoint_0" / MANIFEST_NAME).is_file()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
