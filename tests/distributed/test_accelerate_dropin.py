@@ -21,6 +21,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,15 @@ def _wheel_scripts() -> Path | None:
 
 
 WHEEL = _wheel_scripts()
-pytestmark = pytest.mark.skipif(
-    WHEEL is None or not all(importlib.util.find_spec(n) for n in ("transformers", "peft")),
-    reason="needs the accelerate wheel, transformers and peft (the test extra)",
-)
+LAUNCH_TIMEOUT = 400
+pytestmark = [
+    pytest.mark.skipif(
+        WHEEL is None or not all(importlib.util.find_spec(n) for n in ("transformers", "peft")),
+        reason="needs the accelerate wheel, transformers and peft (the test extra)",
+    ),
+    # Above the launch's own timeout, so a stuck launch is killed and its output shown, not cut by pytest.
+    pytest.mark.timeout(LAUNCH_TIMEOUT + 200),
+]
 
 DELIBERATE = "deliberate difference (docs/architecture.md)"
 SKIPS = {
@@ -132,9 +138,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         str(HERE / "accelerate_scripts.py"), str(out), json.dumps(SKIPS), *(str(WHEEL / name) for name in SCRIPTS),
         "--then", str(trainer), str(out / "ranks"), "ranks",
     ]  # fmt: skip
+    deadline = time.monotonic() + LAUNCH_TIMEOUT  # for both: they run side by side
     try:
-        proc = subprocess.run(command, env=_child_env(), capture_output=True, text=True, timeout=400, cwd=out)
-        log, _ = reference.communicate(timeout=300)
+        proc = subprocess.run(
+            command, env=_child_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, cwd=out
+        )
+        log, _ = reference.communicate(timeout=max(deadline - time.monotonic(), 30))
+    except subprocess.TimeoutExpired as err:
+        raise AssertionError(f"{err.cmd} took over {LAUNCH_TIMEOUT}s\n{err.output}\n{err.stderr}") from None
     finally:
         if reference.poll() is None:
             reference.kill()

@@ -97,10 +97,21 @@ def test_accelerate_config_file_and_precedence(tmp_path: Path) -> None:
     assert err.count("resolved configuration") == 1
 
 
+def launcher_leftovers(tmp: Path) -> list[str]:
+    """What the launcher (or torch's agent under it) left in the temporary directory."""
+    return sorted(
+        p.name for p in tmp.iterdir() if p.name.startswith(("accelerando-launch-", "torchelastic_"))
+    )
+
+
 def test_cpu_two_ranks_module_target_without_config(tmp_path: Path) -> None:
     """`--cpu --num_processes 2 -m pkg`: two gloo ranks, no config file anywhere, quiet."""
-    proc = run_cli(["launch", "-q", "--cpu", "--num_processes", "2", "-m", "pkg_target"], clean_env(tmp_path))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = clean_env(tmp_path, TMPDIR=str(tmp))
+    proc = run_cli(["launch", "-q", "--cpu", "--num_processes", "2", "-m", "pkg_target"], env)
     assert proc.returncode == 0, proc.stderr
+    assert launcher_leftovers(tmp) == []
     ranks = reports(proc.stdout)
     assert [(r["rank"], r["world"], r["ACCELERANDO_USE_CPU"]) for r in ranks] == [
         (0, 2, "true"),
@@ -110,10 +121,15 @@ def test_cpu_two_ranks_module_target_without_config(tmp_path: Path) -> None:
 
 
 def test_failing_rank_ends_job_with_its_traceback_first(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     start = time.monotonic()
-    proc = run_cli(["launch", "-q", "--cpu", "--num_processes", "2", "cli_fail.py"], clean_env(tmp_path))
+    proc = run_cli(
+        ["launch", "-q", "--cpu", "--num_processes", "2", "cli_fail.py"], clean_env(tmp_path, TMPDIR=str(tmp))
+    )
     elapsed = time.monotonic() - start
     assert proc.returncode == 1
+    assert launcher_leftovers(tmp) == []
     assert elapsed < 60, f"the surviving rank was not stopped ({elapsed:.0f}s)"
     report = proc.stderr[proc.stderr.index("accelerando launch: cli_fail.py failed") :]
     assert "first failure: rank 1" in report

@@ -8,8 +8,10 @@ keeps the agent's log lines out of the way, and reports failures root cause firs
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -73,8 +75,26 @@ def endpoint(r: Resolved) -> str:
     return f"{r['main_process_ip']}:{r['main_process_port']}"
 
 
-def build_launch_config(r: Resolved) -> Any:
-    """The agent's LaunchConfig for this machine."""
+@contextmanager
+def agent_log_dir(chosen: str | None) -> Iterator[str]:
+    """The folder the agent keeps its per-rank error files (and `--tee` logs) in: `--log_dir`, kept;
+    without it, a temporary folder removed when the launch ends.
+
+    torch's agent would otherwise make a `torchelastic_*` folder in the temporary directory on every
+    launch and never remove it: a long-lived machine collects thousands.
+    """
+    if chosen:
+        yield chosen
+        return
+    folder = tempfile.mkdtemp(prefix="accelerando-launch-")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def build_launch_config(r: Resolved, log_dir: str) -> Any:
+    """The agent's LaunchConfig for this machine, writing its logs under `log_dir`."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -84,7 +104,7 @@ def build_launch_config(r: Resolved) -> Any:
         min_nodes=r["num_machines"],
         max_nodes=r["num_machines"],
         nproc_per_node=r["nproc_per_node"],
-        logs_specs=DefaultLogsSpecs(log_dir=r["log_dir"], tee=tee),
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=tee),
         run_id=run_id,
         role=r["role"],
         rdzv_endpoint=endpoint(r),
@@ -215,14 +235,19 @@ def _stderr(line: str) -> None:
 
 def run(r: Resolved, target: Target, device_type: str, write: Callable[[str], None] = _stderr) -> int:
     """Launch the worker group on this machine and wait; returns the exit status for the CLI."""
+    envmod.export(envmod.launch_environment(child_exports(r, device_type)))
+    with agent_log_dir(r["log_dir"]) as log_dir:
+        return _run_agent(r, target, build_launch_config(r, log_dir), write)
+
+
+def _run_agent(r: Resolved, target: Target, config: Any, write: Callable[[str], None]) -> int:
+    """Run torch's agent; a failure becomes one report, root cause first, and an exit status."""
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import launch_agent
 
-    envmod.export(envmod.launch_environment(child_exports(r, device_type)))
-    config = build_launch_config(r)
     memo = FailureMemo()
     signals = quiet_agent_logs(bool(r["debug"]), write, memo)
     if r["num_machines"] > 1:

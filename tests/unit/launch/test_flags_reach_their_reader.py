@@ -28,7 +28,7 @@ from accelerando.config.resolve import resolve as resolve_config
 from accelerando.launch import worker
 from accelerando.launch.flags import BY_NAME, OPTIONS
 from accelerando.launch.settings import Detected, Resolved, child_exports, resolve
-from accelerando.launch.torchrun import build_launch_config
+from accelerando.launch.torchrun import agent_log_dir, build_launch_config
 
 CPU = Detected(device_type="cpu", device_count=0, cpu_cores=8)
 GPU4 = Detected(device_type="cuda", device_count=4, cpu_cores=32)
@@ -97,7 +97,12 @@ def deepspeed_plugin(field: str) -> Reader:
 
 def agent(read: Callable[[Any], Any]) -> Reader:
     """torchrun's LaunchConfig, built from the resolved settings (launcher-only options)."""
-    return lambda r, exported: read(build_launch_config(r))
+
+    def build(r: Resolved, exported: dict[str, str]) -> Any:
+        with agent_log_dir(r["log_dir"]) as log_dir:
+            return read(build_launch_config(r, log_dir))
+
+    return build
 
 
 def exported_as(variable: str) -> Reader:
